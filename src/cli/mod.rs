@@ -1,0 +1,127 @@
+//! The `hookline` command line. Each subcommand lives in its own file and is a thin shell over
+//! the library: parse, call, print.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+mod send;
+mod sign;
+
+/// hookline: Kafka-native webhook delivery.
+#[derive(Debug, Parser)]
+#[command(name = "hookline", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print Standard Webhooks headers for a body (webhook-id, webhook-timestamp, webhook-signature).
+    Sign(SignArgs),
+    /// Check a Standard Webhooks signature; prints `valid` or the reason it is not.
+    Verify(VerifyArgs),
+    /// Make one signed delivery attempt through the service's own sender and print the outcome as JSON.
+    Send(SendArgs),
+}
+
+/// Where a body comes from: a file (exact bytes) or a string on the command line.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct BodySource {
+    /// Read the body bytes from this file, exactly as they are.
+    #[arg(long, value_name = "FILE")]
+    pub body_file: Option<PathBuf>,
+    /// Use this string as the body.
+    #[arg(long, value_name = "STR")]
+    pub body: Option<String>,
+}
+
+/// `hookline sign`.
+#[derive(Debug, Args)]
+pub struct SignArgs {
+    /// A signing secret (`whsec_...` for HMAC, `whsk_...` for Ed25519); repeat for rotation.
+    #[arg(long = "secret", value_name = "S", required = true)]
+    pub secrets: Vec<String>,
+    /// The message id (`webhook-id`).
+    #[arg(long)]
+    pub id: String,
+    /// Unix seconds for `webhook-timestamp`; now when omitted.
+    #[arg(long)]
+    pub timestamp: Option<i64>,
+    #[command(flatten)]
+    pub body: BodySource,
+}
+
+/// `hookline verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// A secret to verify with (`whsec_...` or `whpk_...`); repeat to accept any of several.
+    #[arg(long = "secret", value_name = "S", required = true)]
+    pub secrets: Vec<String>,
+    /// The `webhook-id` header value.
+    #[arg(long)]
+    pub id: String,
+    /// The `webhook-timestamp` header value.
+    #[arg(long, allow_hyphen_values = true)]
+    pub timestamp: String,
+    /// The `webhook-signature` header value (space-separated `v1,...` / `v1a,...` entries).
+    #[arg(long)]
+    pub signature: String,
+    /// Accepted clock difference in seconds, in both directions.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    pub tolerance: u64,
+    #[command(flatten)]
+    pub body: BodySource,
+}
+
+/// `hookline send`.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The endpoint URL.
+    pub url: String,
+    /// A signing secret; repeat to sign with several.
+    #[arg(long = "secret", value_name = "S", required = true)]
+    pub secrets: Vec<String>,
+    #[command(flatten)]
+    pub body: BodySource,
+    /// The message id (`webhook-id`); a fresh `msg_...` id when omitted.
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Total timeout for the attempt, in seconds (the connect timeout stays at its default).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Resolve host names through this DNS server instead of the system's; repeatable.
+    #[arg(long = "dns-server", value_name = "IP:PORT")]
+    pub dns_servers: Vec<std::net::SocketAddr>,
+    /// Allow this CIDR even if the SSRF policy blocks it; repeatable.
+    #[arg(long = "allow-cidr", value_name = "CIDR")]
+    pub allow_cidrs: Vec<ipnet::IpNet>,
+    /// Allow plain http:// URLs (unsafe outside development).
+    #[arg(long)]
+    pub dangerous_allow_http: bool,
+}
+
+impl BodySource {
+    /// The body bytes, read from the file or taken from the string.
+    pub fn bytes(&self) -> Result<Vec<u8>, String> {
+        match (&self.body_file, &self.body) {
+            (Some(path), _) => std::fs::read(path)
+                .map_err(|e| format!("cannot read --body-file {}: {e}", path.display())),
+            (None, Some(s)) => Ok(s.clone().into_bytes()),
+            (None, None) => Err("one of --body-file or --body is required".into()),
+        }
+    }
+}
+
+/// Parses `std::env::args` and runs the chosen subcommand.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Sign(args) => sign::sign(&args),
+        Command::Verify(args) => sign::verify(&args),
+        Command::Send(args) => send::send(&args),
+    }
+}

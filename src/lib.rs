@@ -1,0 +1,21 @@
+//! hookline: Kafka-native webhook delivery.
+//!
+//! Map of the crate:
+//! - [`attempt`]: the vocabulary of one HTTP attempt (error classes, what came back), shared by the
+//!   sender, the retry policy, the attempt log and metrics.
+//! - [`signing`]: Standard Webhooks signatures (HMAC-SHA256 `v1`, Ed25519 `v1a`), secrets with
+//!   redacted `Debug`, and the verifier receivers can use.
+//! - [`retry_policy`]: the one table that classifies an attempt (success, retry, dead) and the one
+//!   home of backoff: full jitter, `Retry-After` clamp, total window.
+//! - [`ssrf`]: which addresses a delivery may reach, checked for literal hosts and inside the
+//!   resolver for every resolved address.
+//! - [`sender`]: the outbound HTTP client (rustls, no redirects, no proxies, capped body reads,
+//!   connect and total timeouts) that turns a signed request into an [`attempt::AttemptResult`].
+//! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
+
+pub mod attempt;
+pub mod cli;
+pub mod retry_policy;
+pub mod sender;
+pub mod signing;
+pub mod ssrf;

@@ -1,0 +1,3 @@
+//! hookline's integration tests: one binary, shared support in `support`.
+
+mod support;
