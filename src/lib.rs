@@ -3,6 +3,8 @@
 //! Map of the crate:
 //! - [`attempt`]: the vocabulary of one HTTP attempt (error classes, what came back), shared by the
 //!   sender, the retry policy, the attempt log and metrics.
+//! - [`id`]: identifier newtypes (endpoint, event, tenant, delivery) and the deterministic
+//!   delivery id.
 //! - [`signing`]: Standard Webhooks signatures (HMAC-SHA256 `v1`, Ed25519 `v1a`), secrets with
 //!   redacted `Debug`, and the verifier receivers can use.
 //! - [`retry_policy`]: the one table that classifies an attempt (success, retry, dead) and the one
@@ -15,6 +17,7 @@
 
 pub mod attempt;
 pub mod cli;
+pub mod id;
 pub mod retry_policy;
 pub mod sender;
 pub mod signing;
