@@ -13,6 +13,8 @@
 //!   resolver for every resolved address.
 //! - [`sender`]: the outbound HTTP client (rustls, no redirects, no proxies, capped body reads,
 //!   connect and total timeouts) that turns a signed request into an [`attempt::AttemptResult`].
+//! - [`storage`]: the delivery store trait (attempt log, delivery state and history, replay
+//!   audit), its embedded implementation and the suite every implementation passes.
 //! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
 
 pub mod attempt;
@@ -22,3 +24,4 @@ pub mod retry_policy;
 pub mod sender;
 pub mod signing;
 pub mod ssrf;
+pub mod storage;

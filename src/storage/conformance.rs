@@ -1,0 +1,283 @@
+//! One behavioural suite for every [`DeliveryStore`]: the embedded store runs it in unit tests,
+//! the CQL store in integration tests against a real server. Ids are unique per run, so the
+//! suite can run repeatedly against one keyspace.
+
+use std::time::{Duration, SystemTime};
+
+use super::{AttemptOutcome, AttemptRow, DeliveryStatus, DeliveryStore, HistoryQuery, ReplayAudit};
+use crate::attempt::ErrorClass;
+use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
+use crate::retry_policy::DeadReason;
+
+/// A first attempt of (`event`, `endpoint`) that succeeded with 200, started "now".
+pub fn attempt_row(event: &str, endpoint: &str, attempt: u32) -> AttemptRow {
+    let event_id = EventId::parse(event).expect("valid event id");
+    let endpoint_id = EndpointId::parse(endpoint).expect("valid endpoint id");
+    AttemptRow {
+        delivery_id: DeliveryId::derive(&event_id, &endpoint_id),
+        event_id,
+        endpoint_id,
+        tenant: Tenant::parse("acme").expect("valid tenant"),
+        event_type: "order.created".into(),
+        attempt,
+        started_at: SystemTime::now(),
+        status: Some(200),
+        latency_ms: 12,
+        error_class: None,
+        response_body: b"ok".to_vec(),
+        signing_key_ids: vec!["k_1".into()],
+        replay_id: None,
+        outcome: AttemptOutcome::Succeeded,
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Runs every check; panics with a message naming the first that fails.
+pub async fn run<S: DeliveryStore + ?Sized>(store: &S) {
+    attempts_round_trip(store).await;
+    state_follows_attempts(store).await;
+    history_pages_newest_first_and_stable_under_inserts(store).await;
+    history_filters(store).await;
+    event_fan_out_listing(store).await;
+    replay_audit(store).await;
+}
+
+async fn attempts_round_trip<S: DeliveryStore + ?Sized>(store: &S) {
+    let event = unique("evt");
+    let endpoint = unique("ep");
+    let base = SystemTime::UNIX_EPOCH + Duration::from_millis(1_800_000_000_123);
+    let mut timeout = attempt_row(&event, &endpoint, 1);
+    timeout.started_at = base;
+    timeout.status = None;
+    timeout.error_class = Some(ErrorClass::Timeout);
+    timeout.response_body = vec![];
+    timeout.latency_ms = 15_000;
+    timeout.outcome = AttemptOutcome::RetryScheduled {
+        next_attempt_at: base + Duration::from_secs(30),
+    };
+    let mut big = attempt_row(&event, &endpoint, 2);
+    big.started_at = base + Duration::from_secs(31);
+    big.status = Some(500);
+    big.error_class = Some(ErrorClass::HttpStatus);
+    big.response_body = vec![b'x'; 4096];
+    big.signing_key_ids = vec!["k_old".into(), "k_new".into()];
+    big.replay_id = Some("rpl_1".into());
+    big.outcome = AttemptOutcome::Dead {
+        reason: DeadReason::WindowExhausted,
+    };
+    store
+        .record_attempt(&timeout)
+        .await
+        .expect("record timeout attempt");
+    store
+        .record_attempt(&big)
+        .await
+        .expect("record 500 attempt");
+    let rows = store
+        .attempts(&timeout.delivery_id)
+        .await
+        .expect("read attempts");
+    assert_eq!(
+        rows,
+        vec![timeout.clone(), big.clone()],
+        "attempt rows round-trip exactly"
+    );
+    let missing = DeliveryId::derive(
+        &EventId::parse(unique("evt")).unwrap(),
+        &EndpointId::parse(endpoint).unwrap(),
+    );
+    assert!(
+        store.attempts(&missing).await.unwrap().is_empty(),
+        "unknown delivery has no rows"
+    );
+    assert!(
+        store.delivery(&missing).await.unwrap().is_none(),
+        "unknown delivery has no state"
+    );
+}
+
+async fn state_follows_attempts<S: DeliveryStore + ?Sized>(store: &S) {
+    let event = unique("evt");
+    let endpoint = unique("ep");
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let mut first = attempt_row(&event, &endpoint, 1);
+    first.started_at = t0;
+    first.status = Some(503);
+    first.error_class = Some(ErrorClass::HttpStatus);
+    first.outcome = AttemptOutcome::RetryScheduled {
+        next_attempt_at: t0 + Duration::from_secs(5),
+    };
+    store.record_attempt(&first).await.unwrap();
+    let s = store
+        .delivery(&first.delivery_id)
+        .await
+        .unwrap()
+        .expect("state after 503");
+    assert_eq!(s.status, DeliveryStatus::Failed);
+    assert_eq!(s.attempts, 1);
+    assert_eq!(s.next_attempt_at, Some(t0 + Duration::from_secs(5)));
+    assert_eq!(s.last_status, Some(503));
+
+    let mut second = attempt_row(&event, &endpoint, 2);
+    second.started_at = t0 + Duration::from_secs(6);
+    store.record_attempt(&second).await.unwrap();
+    let s = store
+        .delivery(&first.delivery_id)
+        .await
+        .unwrap()
+        .expect("state after 200");
+    assert_eq!(s.status, DeliveryStatus::Succeeded);
+    assert_eq!(s.attempts, 2);
+    assert_eq!(s.first_attempt_at, t0);
+    assert_eq!(s.last_attempt_at, t0 + Duration::from_secs(6));
+    assert_eq!(s.next_attempt_at, None);
+    assert_eq!(s.last_error_class, None);
+}
+
+async fn history_pages_newest_first_and_stable_under_inserts<S: DeliveryStore + ?Sized>(store: &S) {
+    let endpoint = unique("ep");
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let mut events = vec![];
+    for i in 0..25u64 {
+        let mut row = attempt_row(&unique("evt"), &endpoint, 1);
+        row.started_at = t0 + Duration::from_secs(i);
+        events.push(row.event_id.clone());
+        store.record_attempt(&row).await.unwrap();
+    }
+    let ep = EndpointId::parse(&endpoint).unwrap();
+    let mut query = HistoryQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    let first = store.endpoint_deliveries(&ep, &query).await.unwrap();
+    assert_eq!(first.items.len(), 10);
+    assert_eq!(first.items[0].event_id, events[24], "newest first");
+    // Newer deliveries arriving between pages must not shift or repeat what follows.
+    for i in 0..5u64 {
+        let mut row = attempt_row(&unique("evt"), &endpoint, 1);
+        row.started_at = t0 + Duration::from_secs(100 + i);
+        store.record_attempt(&row).await.unwrap();
+    }
+    let mut seen: Vec<EventId> = first.items.iter().map(|s| s.event_id.clone()).collect();
+    query.cursor = first.next_cursor.clone();
+    while let Some(cursor) = query.cursor.clone() {
+        let page = store
+            .endpoint_deliveries(
+                &ep,
+                &HistoryQuery {
+                    cursor: Some(cursor),
+                    ..query.clone()
+                },
+            )
+            .await
+            .unwrap();
+        seen.extend(page.items.iter().map(|s| s.event_id.clone()));
+        query.cursor = page.next_cursor;
+    }
+    let expected: Vec<EventId> = events.iter().rev().cloned().collect();
+    assert_eq!(
+        seen, expected,
+        "paging is complete, ordered and free of duplicates"
+    );
+    let bad = HistoryQuery {
+        cursor: Some("not a cursor".into()),
+        limit: 10,
+        ..Default::default()
+    };
+    assert!(
+        store.endpoint_deliveries(&ep, &bad).await.is_err(),
+        "garbage cursor is an error"
+    );
+}
+
+async fn history_filters<S: DeliveryStore + ?Sized>(store: &S) {
+    let endpoint = unique("ep");
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    for i in 0..6u64 {
+        let mut row = attempt_row(&unique("evt"), &endpoint, 1);
+        row.started_at = t0 + Duration::from_secs(i * 60);
+        if i % 2 == 1 {
+            row.status = Some(404);
+            row.error_class = Some(ErrorClass::HttpStatus);
+            row.outcome = AttemptOutcome::Dead {
+                reason: DeadReason::HttpStatus,
+            };
+        }
+        store.record_attempt(&row).await.unwrap();
+    }
+    let ep = EndpointId::parse(&endpoint).unwrap();
+    let dead = store
+        .endpoint_deliveries(
+            &ep,
+            &HistoryQuery {
+                status: Some(DeliveryStatus::Dead),
+                limit: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(dead.items.len(), 3, "state filter");
+    assert!(dead.items.iter().all(|s| s.status == DeliveryStatus::Dead));
+    let recent = store
+        .endpoint_deliveries(
+            &ep,
+            &HistoryQuery {
+                since: Some(t0 + Duration::from_secs(180)),
+                limit: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(recent.items.len(), 3, "since filter");
+}
+
+async fn event_fan_out_listing<S: DeliveryStore + ?Sized>(store: &S) {
+    let event = unique("evt");
+    let endpoints = [unique("ep"), unique("ep"), unique("ep")];
+    for ep in &endpoints {
+        store
+            .record_attempt(&attempt_row(&event, ep, 1))
+            .await
+            .unwrap();
+    }
+    let mut listed: Vec<String> = store
+        .event_deliveries(&EventId::parse(&event).unwrap())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.endpoint_id.to_string())
+        .collect();
+    listed.sort();
+    let mut expected = endpoints.to_vec();
+    expected.sort();
+    assert_eq!(
+        listed, expected,
+        "one delivery per endpoint the event fanned out to"
+    );
+}
+
+async fn replay_audit<S: DeliveryStore + ?Sized>(store: &S) {
+    let id = unique("rpl");
+    let audit = ReplayAudit {
+        replay_id: id.clone(),
+        actor: "oncall@example.com".into(),
+        reason: "receiver fixed".into(),
+        at: SystemTime::now() + Duration::from_secs(3600),
+        scope: "dlq partition 0 offsets 0..10".into(),
+        count: 10,
+        dry_run: false,
+    };
+    store.record_replay(&audit).await.unwrap();
+    let recent = store.replays(50).await.unwrap();
+    let found = recent
+        .iter()
+        .find(|a| a.replay_id == id)
+        .expect("replay audit is listed");
+    assert_eq!(found.actor, audit.actor);
+    assert_eq!(found.count, 10);
+}

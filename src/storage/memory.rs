@@ -1,0 +1,264 @@
+//! The embedded store: everything in memory, bounded, for `hookline dev` and tests.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use super::{
+    AttemptRow, DeliveryState, DeliveryStore, HistoryQuery, MAX_PAGE, Page, ReplayAudit, StoreError,
+};
+use crate::id::{DeliveryId, EndpointId, EventId};
+
+/// Ordering key of an endpoint's history: newest first means iterating this in reverse.
+type HistoryKey = (u128, DeliveryId);
+
+#[derive(Default)]
+struct Inner {
+    states: HashMap<DeliveryId, DeliveryState>,
+    attempts: HashMap<DeliveryId, Vec<AttemptRow>>,
+    by_endpoint: HashMap<EndpointId, BTreeSet<HistoryKey>>,
+    by_event: HashMap<EventId, BTreeSet<DeliveryId>>,
+    /// Deliveries in the order they were first seen, for eviction.
+    arrival: VecDeque<DeliveryId>,
+    replays: VecDeque<ReplayAudit>,
+}
+
+/// In-memory [`DeliveryStore`]. Keeps at most `capacity` deliveries; the oldest are forgotten
+/// first, so a long `hookline dev` session cannot grow without bound.
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+    capacity: usize,
+}
+
+/// Default number of deliveries the embedded store keeps.
+pub const DEFAULT_CAPACITY: usize = 200_000;
+const MAX_REPLAYS: usize = 1_000;
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::with_capacity(DEFAULT_CAPACITY)
+    }
+}
+
+fn nanos(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+fn encode_cursor(key: &HistoryKey) -> String {
+    format!("{}.{}", key.0, key.1)
+}
+
+fn decode_cursor(cursor: &str) -> Result<HistoryKey, StoreError> {
+    let (t, id) = cursor.split_once('.').ok_or(StoreError::BadCursor)?;
+    let t = t.parse().map_err(|_| StoreError::BadCursor)?;
+    let id = DeliveryId::parse(id).map_err(|_| StoreError::BadCursor)?;
+    Ok((t, id))
+}
+
+impl MemoryStore {
+    /// A store that keeps at most `capacity` deliveries (at least 1).
+    pub fn with_capacity(capacity: usize) -> MemoryStore {
+        MemoryStore {
+            inner: Mutex::new(Inner::default()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps half-updated in a way that
+        // matters for a dev store; keep serving rather than poisoning every later call.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Inner {
+    fn evict_oldest(&mut self) {
+        let Some(id) = self.arrival.pop_front() else {
+            return;
+        };
+        if let Some(state) = self.states.remove(&id) {
+            if let Some(set) = self.by_endpoint.get_mut(&state.endpoint_id) {
+                set.remove(&(nanos(state.first_attempt_at), id.clone()));
+                if set.is_empty() {
+                    self.by_endpoint.remove(&state.endpoint_id);
+                }
+            }
+            if let Some(set) = self.by_event.get_mut(&state.event_id) {
+                set.remove(&id);
+                if set.is_empty() {
+                    self.by_event.remove(&state.event_id);
+                }
+            }
+        }
+        self.attempts.remove(&id);
+    }
+}
+
+#[async_trait]
+impl DeliveryStore for MemoryStore {
+    async fn record_attempt(&self, row: &AttemptRow) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let previous = inner.states.get(&row.delivery_id);
+        let next = DeliveryState::after(previous, row);
+        let old_key = previous.map(|p| (nanos(p.first_attempt_at), p.delivery_id.clone()));
+        let is_new = previous.is_none();
+        if is_new {
+            while inner.states.len() >= self.capacity {
+                inner.evict_oldest();
+            }
+            inner.arrival.push_back(row.delivery_id.clone());
+        }
+        let history = inner
+            .by_endpoint
+            .entry(row.endpoint_id.clone())
+            .or_default();
+        if let Some(k) = old_key {
+            history.remove(&k);
+        }
+        history.insert((nanos(next.first_attempt_at), row.delivery_id.clone()));
+        inner
+            .by_event
+            .entry(row.event_id.clone())
+            .or_default()
+            .insert(row.delivery_id.clone());
+        let rows = inner.attempts.entry(row.delivery_id.clone()).or_default();
+        rows.push(row.clone());
+        rows.sort_by_key(|r| (r.started_at, r.attempt));
+        inner.states.insert(row.delivery_id.clone(), next);
+        Ok(())
+    }
+
+    async fn delivery(&self, id: &DeliveryId) -> Result<Option<DeliveryState>, StoreError> {
+        Ok(self.lock().states.get(id).cloned())
+    }
+
+    async fn attempts(&self, id: &DeliveryId) -> Result<Vec<AttemptRow>, StoreError> {
+        Ok(self.lock().attempts.get(id).cloned().unwrap_or_default())
+    }
+
+    async fn endpoint_deliveries(
+        &self,
+        endpoint: &EndpointId,
+        query: &HistoryQuery,
+    ) -> Result<Page<DeliveryState>, StoreError> {
+        let limit = query.limit.clamp(1, MAX_PAGE) as usize;
+        let before = query.cursor.as_deref().map(decode_cursor).transpose()?;
+        let since = query.since.map(nanos).unwrap_or(0);
+        let inner = self.lock();
+        let Some(history) = inner.by_endpoint.get(endpoint) else {
+            return Ok(Page {
+                items: vec![],
+                next_cursor: None,
+            });
+        };
+        let mut items = Vec::with_capacity(limit);
+        let mut last_key = None;
+        let mut more = false;
+        let range = match &before {
+            Some(k) => history.range(..k.clone()),
+            None => history.range(..),
+        };
+        for key in range.rev() {
+            if key.0 < since {
+                break;
+            }
+            let Some(state) = inner.states.get(&key.1) else {
+                continue;
+            };
+            if query.status.is_some_and(|s| s != state.status) {
+                continue;
+            }
+            if items.len() == limit {
+                more = true;
+                break;
+            }
+            items.push(state.clone());
+            last_key = Some(key.clone());
+        }
+        let next_cursor = if more {
+            last_key.as_ref().map(encode_cursor)
+        } else {
+            None
+        };
+        Ok(Page { items, next_cursor })
+    }
+
+    async fn event_deliveries(&self, event: &EventId) -> Result<Vec<DeliveryState>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .by_event
+            .get(event)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| inner.states.get(id).cloned())
+            .collect())
+    }
+
+    async fn record_replay(&self, audit: &ReplayAudit) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        if inner.replays.len() == MAX_REPLAYS {
+            inner.replays.pop_front();
+        }
+        inner.replays.push_back(audit.clone());
+        Ok(())
+    }
+
+    async fn replays(&self, limit: u32) -> Result<Vec<ReplayAudit>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .replays
+            .iter()
+            .rev()
+            .take(limit as usize)
+            .cloned()
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn passes_the_conformance_suite() {
+        crate::storage::conformance::run(&MemoryStore::default()).await;
+    }
+
+    #[tokio::test]
+    async fn forgets_the_oldest_deliveries_beyond_capacity() {
+        let store = MemoryStore::with_capacity(3);
+        for i in 0..5 {
+            let row = crate::storage::conformance::attempt_row(&format!("e{i}"), "ep_cap", 1);
+            store.record_attempt(&row).await.unwrap();
+        }
+        let ep = EndpointId::parse("ep_cap").unwrap();
+        let page = store
+            .endpoint_deliveries(
+                &ep,
+                &HistoryQuery {
+                    limit: 10,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(page.items.len(), 3);
+        assert_eq!(page.items[0].event_id.as_str(), "e4");
+        assert!(
+            store
+                .event_deliveries(&EventId::parse("e0").unwrap())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn cursors_reject_garbage() {
+        assert!(decode_cursor("nope").is_err());
+        assert!(decode_cursor("12.").is_err());
+        assert!(decode_cursor("x.dlv_1").is_err());
+    }
+}
