@@ -15,6 +15,8 @@
 //!   connect and total timeouts) that turns a signed request into an [`attempt::AttemptResult`].
 //! - [`storage`]: the delivery store trait (attempt log, delivery state and history, replay
 //!   audit), its embedded implementation and the suite every implementation passes.
+//! - [`telemetry`]: typed events that emit a log line and their metrics together; the
+//!   Prometheus listener.
 //! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
 
 pub mod attempt;
@@ -25,3 +27,4 @@ pub mod sender;
 pub mod signing;
 pub mod ssrf;
 pub mod storage;
+pub mod telemetry;

@@ -1,0 +1,308 @@
+//! Typed telemetry: each event emits its log line and its metrics together, so the two never
+//! disagree. Metric names carry their unit; every label takes values from a fixed set (error
+//! classes, dead reasons, tier names, stage names), never raw endpoint ids or URLs.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+
+use crate::attempt::ErrorClass;
+use crate::retry_policy::DeadReason;
+
+/// Metric names, in one place so dashboards and code agree.
+pub mod name {
+    /// Deliveries finished, by `outcome` (`success`, `retry`, `dead`).
+    pub const DELIVERIES: &str = "hookline_deliveries_total";
+    /// HTTP attempts, by `error_class` (`none` for 2xx).
+    pub const ATTEMPTS: &str = "hookline_attempts_total";
+    /// Attempt latency.
+    pub const ATTEMPT_DURATION: &str = "hookline_attempt_duration_seconds";
+    /// From the event's time to its successful delivery.
+    pub const EVENT_TO_DELIVERY: &str = "hookline_event_to_delivery_seconds";
+    /// Retries scheduled, by delay `tier`.
+    pub const RETRIES_SCHEDULED: &str = "hookline_retries_scheduled_total";
+    /// Records written to the DLQ, by `reason`.
+    pub const DEAD_LETTERS: &str = "hookline_dead_letters_total";
+    /// Breakers that opened.
+    pub const BREAKER_OPENS: &str = "hookline_breaker_opens_total";
+    /// Breakers open right now.
+    pub const BREAKERS_OPEN: &str = "hookline_breakers_open";
+    /// Records parked in a delay tier, by `reason` (`lane_full`, `breaker_open`).
+    pub const PARKED: &str = "hookline_parked_total";
+    /// HTTP attempts in flight.
+    pub const IN_FLIGHT: &str = "hookline_in_flight_requests";
+    /// Consumer lag in records, by `stage` (`fanout`, `deliver`, `delay`).
+    pub const CONSUMER_LAG: &str = "hookline_consumer_lag_records";
+    /// Input records that were neither a Debezium outbox record nor a native event, by `reason`.
+    pub const INVALID_RECORDS: &str = "hookline_invalid_records_total";
+    /// Events fanned out.
+    pub const EVENTS_FANNED_OUT: &str = "hookline_events_fanned_out_total";
+    /// Delivery records produced by the fan-out.
+    pub const DELIVERIES_CREATED: &str = "hookline_deliveries_created_total";
+    /// Endpoints disabled because the receiver answered 410 Gone.
+    pub const ENDPOINTS_DISABLED: &str = "hookline_endpoints_disabled_total";
+    /// Records replayed from the DLQ.
+    pub const REPLAYED: &str = "hookline_replayed_records_total";
+    /// Attempt-log writes that failed (the record is retried, not settled).
+    pub const STORE_ERRORS: &str = "hookline_store_errors_total";
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0,
+    300.0, 3600.0,
+];
+
+/// Installs the global Prometheus recorder with its own HTTP listener at `listen`, and
+/// describes every metric.
+pub fn install(listen: SocketAddr) -> Result<(), BuildError> {
+    PrometheusBuilder::new()
+        .with_http_listener(listen)
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
+        .install()?;
+    describe();
+    Ok(())
+}
+
+fn describe() {
+    use name::*;
+    describe_counter!(DELIVERIES, "Deliveries finished, by outcome.");
+    describe_counter!(ATTEMPTS, "HTTP attempts, by error class (none for 2xx).");
+    describe_histogram!(
+        ATTEMPT_DURATION,
+        metrics::Unit::Seconds,
+        "HTTP attempt latency."
+    );
+    describe_histogram!(
+        EVENT_TO_DELIVERY,
+        metrics::Unit::Seconds,
+        "Time from the event to its successful delivery."
+    );
+    describe_counter!(RETRIES_SCHEDULED, "Retries scheduled, by delay tier.");
+    describe_counter!(DEAD_LETTERS, "Records written to the DLQ, by reason.");
+    describe_counter!(BREAKER_OPENS, "Circuit breakers that opened.");
+    describe_gauge!(BREAKERS_OPEN, "Circuit breakers open now.");
+    describe_counter!(PARKED, "Records parked in a delay tier, by reason.");
+    describe_gauge!(IN_FLIGHT, "HTTP attempts in flight.");
+    describe_gauge!(CONSUMER_LAG, "Consumer lag in records, by stage.");
+    describe_counter!(
+        INVALID_RECORDS,
+        "Input records sent to the invalid topic, by reason."
+    );
+    describe_counter!(EVENTS_FANNED_OUT, "Events fanned out.");
+    describe_counter!(
+        DELIVERIES_CREATED,
+        "Delivery records produced by the fan-out."
+    );
+    describe_counter!(ENDPOINTS_DISABLED, "Endpoints disabled after a 410 Gone.");
+    describe_counter!(REPLAYED, "Records replayed from the DLQ.");
+    describe_counter!(
+        STORE_ERRORS,
+        "Attempt-log writes that failed and were retried."
+    );
+}
+
+/// One HTTP attempt finished.
+pub struct AttemptFinished<'a> {
+    /// The endpoint (logged, never a label).
+    pub endpoint_id: &'a str,
+    /// The delivery (logged).
+    pub delivery_id: &'a str,
+    /// Attempt number.
+    pub attempt: u32,
+    /// Status, if a response arrived.
+    pub status: Option<u16>,
+    /// Error class, `None` for a 2xx.
+    pub error_class: Option<ErrorClass>,
+    /// How long it took.
+    pub latency: Duration,
+}
+
+impl AttemptFinished<'_> {
+    /// Logs and counts the attempt.
+    pub fn emit(&self) {
+        let class = self.error_class.map_or("none", ErrorClass::as_str);
+        tracing::debug!(
+            endpoint_id = self.endpoint_id,
+            delivery_id = self.delivery_id,
+            attempt = self.attempt,
+            status = self.status,
+            error_class = class,
+            latency_ms = self.latency.as_millis() as u64,
+            "attempt finished"
+        );
+        counter!(name::ATTEMPTS, "error_class" => class).increment(1);
+        histogram!(name::ATTEMPT_DURATION).record(self.latency.as_secs_f64());
+    }
+}
+
+/// A delivery succeeded.
+pub fn delivered(event_age: Option<Duration>) {
+    counter!(name::DELIVERIES, "outcome" => "success").increment(1);
+    if let Some(age) = event_age {
+        histogram!(name::EVENT_TO_DELIVERY).record(age.as_secs_f64());
+    }
+}
+
+/// A retry was scheduled into `tier` (a configured tier's name such as `30s`).
+pub fn retry_scheduled(tier: &str) {
+    counter!(name::DELIVERIES, "outcome" => "retry").increment(1);
+    counter!(name::RETRIES_SCHEDULED, "tier" => tier.to_owned()).increment(1);
+}
+
+/// A record was dead-lettered.
+pub fn dead_lettered(delivery_id: &str, endpoint_id: &str, reason: DeadReason) {
+    tracing::warn!(
+        delivery_id,
+        endpoint_id,
+        reason = reason.as_str(),
+        "dead-lettered"
+    );
+    counter!(name::DELIVERIES, "outcome" => "dead").increment(1);
+    counter!(name::DEAD_LETTERS, "reason" => reason.as_str()).increment(1);
+}
+
+/// Why a record was parked instead of sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParkReason {
+    /// The endpoint's lane is at its concurrency or rate limit.
+    LaneFull,
+    /// The endpoint's breaker is open.
+    BreakerOpen,
+}
+
+impl ParkReason {
+    /// The label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ParkReason::LaneFull => "lane_full",
+            ParkReason::BreakerOpen => "breaker_open",
+        }
+    }
+}
+
+/// A record was parked in a delay tier.
+pub fn parked(reason: ParkReason) {
+    counter!(name::PARKED, "reason" => reason.as_str()).increment(1);
+}
+
+/// An endpoint's breaker opened.
+pub fn breaker_opened(endpoint_id: &str, until: Duration) {
+    tracing::warn!(
+        endpoint_id,
+        cool_down_ms = until.as_millis() as u64,
+        "breaker opened"
+    );
+    counter!(name::BREAKER_OPENS).increment(1);
+    gauge!(name::BREAKERS_OPEN).increment(1.0);
+}
+
+/// An endpoint's breaker closed again.
+pub fn breaker_closed(endpoint_id: &str) {
+    tracing::info!(endpoint_id, "breaker closed");
+    gauge!(name::BREAKERS_OPEN).decrement(1.0);
+}
+
+/// HTTP attempts in flight changed by `delta`.
+pub fn in_flight(delta: f64) {
+    gauge!(name::IN_FLIGHT).increment(delta);
+}
+
+/// The consumer lag of a stage, summed over its assigned partitions.
+pub fn consumer_lag(stage: &'static str, records: i64) {
+    gauge!(name::CONSUMER_LAG, "stage" => stage).set(records as f64);
+}
+
+/// An input record was not an event hookline understands.
+pub fn invalid_record(
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    reason: &'static str,
+    detail: &str,
+) {
+    tracing::warn!(
+        topic,
+        partition,
+        offset,
+        reason,
+        detail,
+        "invalid input record"
+    );
+    counter!(name::INVALID_RECORDS, "reason" => reason).increment(1);
+}
+
+/// An event fanned out to `deliveries` endpoints.
+pub fn fanned_out(deliveries: usize) {
+    counter!(name::EVENTS_FANNED_OUT).increment(1);
+    counter!(name::DELIVERIES_CREATED).increment(deliveries as u64);
+}
+
+/// An endpoint was disabled because its receiver answered 410 Gone.
+pub fn endpoint_disabled(endpoint_id: &str) {
+    tracing::warn!(endpoint_id, "endpoint disabled: receiver answered 410 Gone");
+    counter!(name::ENDPOINTS_DISABLED).increment(1);
+}
+
+/// Records were replayed from the DLQ.
+pub fn replayed(count: u64) {
+    counter!(name::REPLAYED).increment(count);
+}
+
+/// An attempt-log write failed; the record stays unsettled and is tried again.
+pub fn store_error(detail: &str) {
+    tracing::warn!(detail, "attempt log write failed; will retry");
+    counter!(name::STORE_ERRORS).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    #[test]
+    fn events_render_with_bounded_labels() {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+            .unwrap()
+            .build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            AttemptFinished {
+                endpoint_id: "ep_1",
+                delivery_id: "dlv_1",
+                attempt: 1,
+                status: Some(503),
+                error_class: Some(ErrorClass::HttpStatus),
+                latency: Duration::from_millis(20),
+            }
+            .emit();
+            delivered(Some(Duration::from_millis(40)));
+            retry_scheduled("30s");
+            dead_lettered("dlv_1", "ep_1", DeadReason::Gone);
+        });
+        let text = handle.render();
+        assert!(
+            text.contains("hookline_attempts_total{error_class=\"http_status\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hookline_deliveries_total{outcome=\"success\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hookline_dead_letters_total{reason=\"gone\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hookline_attempt_duration_seconds_bucket"),
+            "histogram: {text}"
+        );
+        assert!(
+            !text.contains("ep_1"),
+            "endpoint ids never become labels: {text}"
+        );
+    }
+}
