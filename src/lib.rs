@@ -13,6 +13,7 @@
 //!   resolver for every resolved address.
 //! - [`sender`]: the outbound HTTP client (rustls, no redirects, no proxies, capped body reads,
 //!   connect and total timeouts) that turns a signed request into an [`attempt::AttemptResult`].
+//! - [`kafka`]: producer/consumer settings, topic creation, the embedded mock cluster.
 //! - [`storage`]: the delivery store trait (attempt log, delivery state and history, replay
 //!   audit), its embedded implementation and the suite every implementation passes.
 //! - [`telemetry`]: typed events that emit a log line and their metrics together; the
@@ -22,6 +23,7 @@
 pub mod attempt;
 pub mod cli;
 pub mod id;
+pub mod kafka;
 pub mod retry_policy;
 pub mod sender;
 pub mod signing;

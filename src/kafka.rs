@@ -1,0 +1,279 @@
+//! Kafka clients as hookline uses them: how producers and consumers are configured, how topics
+//! come to exist, and the embedded cluster `hookline dev` runs on.
+//!
+//! Every stage consumes with `enable.auto.offset.store=false`: offsets are stored only for
+//! settled records (through the stage's offset tracker) and librdkafka commits what was stored,
+//! including on rebalance. Producers are idempotent with `acks=all`, so a record the stage
+//! counts as acknowledged is durable.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::mocking::MockCluster;
+
+/// A topic hookline needs, with how it is laid out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSpec {
+    /// Topic name.
+    pub name: String,
+    /// Partition count.
+    pub partitions: i32,
+    /// Compacted (the endpoints topic) instead of deleted by time.
+    pub compacted: bool,
+}
+
+/// Kafka failures at the edges hookline controls.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    /// A client could not be created from the configuration.
+    #[error("kafka client configuration rejected: {0}")]
+    Client(#[source] rdkafka::error::KafkaError),
+    /// Creating a topic failed.
+    #[error("creating topic {topic} failed: {detail}")]
+    CreateTopic {
+        /// The topic.
+        topic: String,
+        /// What the broker said.
+        detail: String,
+    },
+    /// The embedded mock cluster could not start.
+    #[error("embedded kafka (librdkafka mock cluster) failed to start: {0}")]
+    Embedded(String),
+}
+
+/// Base client configuration: bootstrap servers plus operator overrides (which win).
+pub fn client_config(bootstrap: &str, overrides: &BTreeMap<String, String>) -> ClientConfig {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", bootstrap);
+    for (k, v) in overrides {
+        cfg.set(k, v);
+    }
+    cfg
+}
+
+/// Producer settings: idempotent, `acks=all`, short linger (hookline's records are small and
+/// latency matters more than batch size; librdkafka still batches under load).
+pub fn producer_config(bootstrap: &str, overrides: &BTreeMap<String, String>) -> ClientConfig {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "1")
+        .set("compression.type", "none")
+        .set("message.timeout.ms", "30000")
+        .set("queue.buffering.max.messages", "200000");
+    for (k, v) in overrides {
+        cfg.set(k, v);
+    }
+    cfg
+}
+
+/// Consumer settings for a stage's group: offsets stored by hand for settled records only,
+/// committed by librdkafka in the background and on rebalance.
+pub fn consumer_config(
+    bootstrap: &str,
+    group: &str,
+    overrides: &BTreeMap<String, String>,
+) -> ClientConfig {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "1000")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "1000")
+        .set("fetch.wait.max.ms", "20")
+        .set("isolation.level", "read_committed");
+    for (k, v) in overrides {
+        cfg.set(k, v);
+    }
+    cfg
+}
+
+/// Creates every topic in `specs` that does not exist yet (real clusters; auto-create is off
+/// in production and must not be relied on).
+pub async fn ensure_topics(
+    bootstrap: &str,
+    overrides: &BTreeMap<String, String>,
+    specs: &[TopicSpec],
+    replication: i32,
+) -> Result<(), KafkaError> {
+    let admin: AdminClient<DefaultClientContext> = client_config(bootstrap, overrides)
+        .create()
+        .map_err(KafkaError::Client)?;
+    let topics: Vec<NewTopic<'_>> = specs
+        .iter()
+        .map(|s| {
+            let t = NewTopic::new(&s.name, s.partitions, TopicReplication::Fixed(replication));
+            if s.compacted {
+                t.set("cleanup.policy", "compact")
+            } else {
+                t
+            }
+        })
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let results = admin
+        .create_topics(topics.iter(), &opts)
+        .await
+        .map_err(|e| KafkaError::CreateTopic {
+            topic: "*".into(),
+            detail: e.to_string(),
+        })?;
+    for r in results {
+        match r {
+            Ok(_) => {}
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => {
+                return Err(KafkaError::CreateTopic {
+                    topic,
+                    detail: code.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// librdkafka's in-process mock cluster, for `hookline dev` and tests that need no broker.
+///
+/// The mock cluster is not `Send`, so it lives on a thread of its own until this handle is
+/// dropped. It has no CreateTopics API: topics are created here, up front.
+pub struct EmbeddedKafka {
+    bootstrap: String,
+    stop: Option<mpsc::Sender<Command>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+enum Command {
+    CreateTopic(TopicSpec, mpsc::Sender<Result<(), String>>),
+}
+
+impl EmbeddedKafka {
+    /// Starts a one-broker mock cluster with `topics` created.
+    pub fn start(topics: &[TopicSpec]) -> Result<EmbeddedKafka, KafkaError> {
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<String, String>>();
+        let (cmd_tx, cmd_rx) = mpsc::channel::<Command>();
+        let topics = topics.to_vec();
+        let thread = thread::Builder::new()
+            .name("embedded-kafka".into())
+            .spawn(move || {
+                let cluster = match MockCluster::new(1) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                for t in &topics {
+                    if let Err(e) = cluster.create_topic(&t.name, t.partitions, 1) {
+                        let _ = ready_tx.send(Err(format!("topic {}: {e}", t.name)));
+                        return;
+                    }
+                }
+                let _ = ready_tx.send(Ok(cluster.bootstrap_servers()));
+                // Serve topic creation until the handle is dropped (the channel closes).
+                while let Ok(Command::CreateTopic(t, reply)) = cmd_rx.recv() {
+                    let r = cluster
+                        .create_topic(&t.name, t.partitions, 1)
+                        .map_err(|e| e.to_string());
+                    let _ = reply.send(r);
+                }
+            })
+            .map_err(|e| KafkaError::Embedded(e.to_string()))?;
+        let bootstrap = ready_rx
+            .recv()
+            .map_err(|_| KafkaError::Embedded("mock cluster thread exited".into()))?
+            .map_err(KafkaError::Embedded)?;
+        Ok(EmbeddedKafka {
+            bootstrap,
+            stop: Some(cmd_tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// The bootstrap servers clients connect to.
+    pub fn bootstrap_servers(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// Creates one more topic on the running mock cluster.
+    pub fn create_topic(&self, spec: &TopicSpec) -> Result<(), KafkaError> {
+        let (tx, rx) = mpsc::channel();
+        let send = self
+            .stop
+            .as_ref()
+            .expect("command channel lives as long as the handle")
+            .send(Command::CreateTopic(spec.clone(), tx));
+        send.map_err(|_| KafkaError::Embedded("mock cluster thread exited".into()))?;
+        rx.recv()
+            .map_err(|_| KafkaError::Embedded("mock cluster thread exited".into()))?
+            .map_err(|detail| KafkaError::CreateTopic {
+                topic: spec.name.clone(),
+                detail,
+            })
+    }
+}
+
+impl Drop for EmbeddedKafka {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::Message;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    #[tokio::test]
+    async fn embedded_cluster_round_trips_a_record() {
+        let kafka = EmbeddedKafka::start(&[TopicSpec {
+            name: "t".into(),
+            partitions: 2,
+            compacted: false,
+        }])
+        .unwrap();
+        kafka
+            .create_topic(&TopicSpec {
+                name: "t2".into(),
+                partitions: 1,
+                compacted: false,
+            })
+            .unwrap();
+        let none = BTreeMap::new();
+        let producer: FutureProducer = producer_config(kafka.bootstrap_servers(), &none)
+            .create()
+            .unwrap();
+        producer
+            .send(
+                FutureRecord::to("t2").key("k").payload("v"),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        let consumer: StreamConsumer = consumer_config(kafka.bootstrap_servers(), "g", &none)
+            .create()
+            .unwrap();
+        consumer.subscribe(&["t2"]).unwrap();
+        let msg = tokio::time::timeout(Duration::from_secs(20), consumer.recv())
+            .await
+            .expect("a record within 20 s")
+            .unwrap();
+        assert_eq!(msg.payload(), Some(&b"v"[..]));
+    }
+}
