@@ -8,6 +8,8 @@
 //! - `response_body` is the first 4096 bytes of the body decoded as UTF-8 with invalid sequences
 //!   replaced by U+FFFD (lossy: it is a diagnostic, and JSON strings cannot hold raw bytes);
 //!   `null` when no response arrived.
+//! - `detail` (extra, only when no response arrived) says why, e.g. which range blocked which
+//!   address; it never contains the URL.
 //!
 //! Usage errors print `error: ...` on stderr, no JSON line, and exit 2, like clap's own flag
 //! errors: an unparsable URL or one that is not http(s) with a host, an unreadable body file, a
