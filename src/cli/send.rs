@@ -17,6 +17,7 @@
 //! well-formed but refused (`insecure_scheme`, `ssrf_blocked`) is an attempt outcome: JSON line,
 //! outcome `dead`, exit 1.
 
+use std::borrow::Cow;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -25,7 +26,6 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderValue};
-use serde_json::{Map, Value, json};
 use sha2::Sha256;
 use url::Url;
 
@@ -185,41 +185,54 @@ fn retry_after(raw: &str, now: SystemTime) -> Option<Duration> {
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
+/// The printed line, fields in the documented order.
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    outcome: &'static str,
+    status: Option<u16>,
+    error_class: Option<&'static str>,
+    latency_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+    response_body: Option<Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<&'a str>,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 fn report(attempt: &Attempt, now: SystemTime) -> (String, Outcome) {
     let outcome = outcome(&attempt.result);
-    let mut line = Map::new();
-    line.insert("outcome".into(), json!(outcome.as_str()));
-    line.insert("status".into(), json!(attempt.result.status()));
-    line.insert(
-        "error_class".into(),
-        json!(attempt.result.error_class().map(ErrorClass::as_str)),
-    );
-    line.insert(
-        "latency_ms".into(),
-        json!(u64::try_from(attempt.latency.as_millis()).unwrap_or(u64::MAX)),
-    );
-    match &attempt.result {
-        AttemptResult::Response(r) => {
-            if let Some(delay) = r.retry_after.as_deref().and_then(|v| retry_after(v, now)) {
-                let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-                line.insert("retry_after_ms".into(), json!(ms));
-            }
-            line.insert(
-                "response_body".into(),
-                json!(String::from_utf8_lossy(&r.body)),
-            );
-        }
-        AttemptResult::Failed { detail, .. } => {
-            line.insert("response_body".into(), Value::Null);
-            // Not part of the documented line; says why there was no response.
-            line.insert("detail".into(), json!(detail));
-        }
-    }
-    (Value::Object(line).to_string(), outcome)
+    let (retry_after_ms, response_body, detail) = match &attempt.result {
+        AttemptResult::Response(r) => (
+            r.retry_after
+                .as_deref()
+                .and_then(|v| retry_after(v, now))
+                .map(millis),
+            Some(String::from_utf8_lossy(&r.body)),
+            None,
+        ),
+        AttemptResult::Failed { detail, .. } => (None, None, Some(detail.as_str())),
+    };
+    let line = Line {
+        outcome: outcome.as_str(),
+        status: attempt.result.status(),
+        error_class: attempt.result.error_class().map(ErrorClass::as_str),
+        latency_ms: millis(attempt.latency),
+        retry_after_ms,
+        response_body,
+        detail,
+    };
+    let line = serde_json::to_string(&line).expect("the line always serialises");
+    (line, outcome)
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
     use crate::attempt::HttpResponse;
 
