@@ -1,3 +1,5 @@
 //! hookline's integration tests: one binary, shared support in `support`.
 
+mod send;
+mod ssrf;
 mod support;
