@@ -9,7 +9,7 @@
 //! - Non-loopback answers (10/8, metadata, ULA, a public + private mix) are checked by calling the
 //!   resolver directly: no HTTP client is involved, so there is nothing that could connect.
 //! - Non-loopback literal URLs run `hookline send` inside a fresh network namespace
-//!   (`unshare -rn`) whose only interface is a down loopback; skipped where unshare is missing.
+//!   (`unshare -rn`) whose only interface is a down loopback; fails where unshare is missing.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -240,10 +240,11 @@ fn unshare_works() -> bool {
 
 #[tokio::test]
 async fn internal_literals_are_refused_inside_an_isolated_network_namespace() {
-    if !unshare_works() {
-        eprintln!("skipped: `unshare -rn` is not available; the pure URL check still ran");
-        return;
-    }
+    assert!(
+        unshare_works(),
+        "this test needs `unshare -rn` (util-linux, unprivileged user namespaces) to isolate the \
+         network; install util-linux or enable user namespaces"
+    );
     for raw in INTERNAL_LITERALS {
         // Inside the namespace nothing is routable: even a broken check could not send a packet.
         let output = tokio::process::Command::new("unshare")
