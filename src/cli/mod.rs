@@ -50,7 +50,7 @@ pub struct SignArgs {
     pub id: String,
     /// Unix seconds for `webhook-timestamp`; now when omitted.
     #[arg(long)]
-    pub timestamp: Option<i64>,
+    pub timestamp: Option<u64>,
     #[command(flatten)]
     pub body: BodySource,
 }
