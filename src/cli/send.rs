@@ -21,17 +21,15 @@ use std::borrow::Cow;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderValue};
-use sha2::Sha256;
 use url::Url;
 
 use super::SendArgs;
 use crate::attempt::{Attempt, AttemptResult, ErrorClass};
+use crate::retry_policy::{Verdict, classify, parse_retry_after};
 use crate::sender::{OutboundRequest, Sender, SenderConfig};
+use crate::signing::{Signer, SignerKey, SigningKey};
 use crate::ssrf::Policy;
 
 const USAGE_ERROR: u8 = 2;
@@ -79,33 +77,29 @@ fn prepare(args: &SendArgs) -> Result<(SenderConfig, OutboundRequest), String> {
     Ok((config, OutboundRequest { url, headers, body }))
 }
 
-// TODO(lead): use crate::signing once merged.
+/// The three Standard Webhooks headers, signed with every `--secret` (key ids `cli_1`, ...).
 fn signed_headers(
     secrets: &[String],
     id: &str,
     timestamp: u64,
     body: &[u8],
 ) -> Result<HeaderMap, String> {
-    let mut signatures = Vec::with_capacity(secrets.len());
-    for secret in secrets {
-        let key = STANDARD
-            .decode(secret.strip_prefix("whsec_").unwrap_or(secret))
-            .map_err(|_| "--secret must be whsec_<base64>".to_owned())?;
-        let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes any key length");
-        mac.update(format!("{id}.{timestamp}.").as_bytes());
-        mac.update(body);
-        signatures.push(format!(
-            "v1,{}",
-            STANDARD.encode(mac.finalize().into_bytes())
-        ));
-    }
-    let value = |s: String| {
-        HeaderValue::try_from(s).map_err(|_| "--id must be a valid header value".to_owned())
-    };
+    let keys = secrets
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.parse::<SigningKey>()
+                .map(|key| SignerKey::new(format!("cli_{}", i + 1), key))
+                .map_err(|e| format!("--secret #{}: {e}", i + 1))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let signer = Signer::new(&keys).map_err(|e| e.to_string())?;
     let mut headers = HeaderMap::new();
-    headers.insert("webhook-id", value(id.to_owned())?);
-    headers.insert("webhook-timestamp", value(timestamp.to_string())?);
-    headers.insert("webhook-signature", value(signatures.join(" "))?);
+    for (name, value) in signer.headers(id, timestamp, body).iter() {
+        let value = HeaderValue::try_from(value)
+            .map_err(|_| "--id must be a valid header value".to_owned())?;
+        headers.insert(name, value);
+    }
     Ok(headers)
 }
 
@@ -157,32 +151,12 @@ impl Outcome {
     }
 }
 
-// TODO(lead): use retry_policy::classify once merged.
-fn outcome(result: &AttemptResult) -> Outcome {
-    match result {
-        AttemptResult::Response(r) if (200..300).contains(&r.status) => Outcome::Success,
-        AttemptResult::Response(r) if r.status == 429 || (500..600).contains(&r.status) => {
-            Outcome::Retry
-        }
-        AttemptResult::Response(_) => Outcome::Dead,
-        AttemptResult::Failed { class, .. } => match class {
-            ErrorClass::Timeout | ErrorClass::Connect | ErrorClass::Dns | ErrorClass::Tls => {
-                Outcome::Retry
-            }
-            _ => Outcome::Dead,
-        },
+fn outcome(result: &AttemptResult, now: SystemTime) -> Outcome {
+    match classify(result, now) {
+        Verdict::Success => Outcome::Success,
+        Verdict::Retry { .. } => Outcome::Retry,
+        Verdict::Dead { .. } => Outcome::Dead,
     }
-}
-
-/// `Retry-After` as delta-seconds or an HTTP date, relative to `now`.
-// TODO(lead): use retry_policy's parser once merged.
-fn retry_after(raw: &str, now: SystemTime) -> Option<Duration> {
-    let raw = raw.trim();
-    if let Ok(secs) = raw.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let at = httpdate::parse_http_date(raw).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// The printed line, fields in the documented order.
@@ -204,12 +178,12 @@ fn millis(d: Duration) -> u64 {
 }
 
 fn report(attempt: &Attempt, now: SystemTime) -> (String, Outcome) {
-    let outcome = outcome(&attempt.result);
+    let outcome = outcome(&attempt.result, now);
     let (retry_after_ms, response_body, detail) = match &attempt.result {
         AttemptResult::Response(r) => (
             r.retry_after
                 .as_deref()
-                .and_then(|v| retry_after(v, now))
+                .and_then(|v| parse_retry_after(v, now))
                 .map(millis),
             Some(String::from_utf8_lossy(&r.body)),
             None,
@@ -249,7 +223,7 @@ mod tests {
 
     #[test]
     fn outcomes_follow_the_retry_table() {
-        let o = |s| outcome(&response(s, None, b"").result);
+        let o = |s| outcome(&response(s, None, b"").result, UNIX_EPOCH);
         assert_eq!(o(200), Outcome::Success);
         assert_eq!(o(204), Outcome::Success);
         assert_eq!(o(302), Outcome::Dead);
@@ -259,10 +233,13 @@ mod tests {
         assert_eq!(o(500), Outcome::Retry);
         assert_eq!(o(503), Outcome::Retry);
         let f = |class| {
-            outcome(&AttemptResult::Failed {
-                class,
-                detail: String::new(),
-            })
+            outcome(
+                &AttemptResult::Failed {
+                    class,
+                    detail: String::new(),
+                },
+                UNIX_EPOCH,
+            )
         };
         assert_eq!(f(ErrorClass::Timeout), Outcome::Retry);
         assert_eq!(f(ErrorClass::Connect), Outcome::Retry);
@@ -270,18 +247,6 @@ mod tests {
         assert_eq!(f(ErrorClass::Tls), Outcome::Retry);
         assert_eq!(f(ErrorClass::SsrfBlocked), Outcome::Dead);
         assert_eq!(f(ErrorClass::InsecureScheme), Outcome::Dead);
-    }
-
-    #[test]
-    fn retry_after_forms() {
-        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        assert_eq!(retry_after("7", now), Some(Duration::from_secs(7)));
-        let later = httpdate::fmt_http_date(now + Duration::from_secs(90));
-        assert_eq!(retry_after(&later, now), Some(Duration::from_secs(90)));
-        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(90));
-        assert_eq!(retry_after(&earlier, now), Some(Duration::ZERO));
-        assert_eq!(retry_after("soon", now), None);
-        assert_eq!(retry_after("-1", now), None);
     }
 
     #[test]
