@@ -13,11 +13,17 @@
 //!   resolver for every resolved address.
 //! - [`sender`]: the outbound HTTP client (rustls, no redirects, no proxies, capped body reads,
 //!   connect and total timeouts) that turns a signed request into an [`attempt::AttemptResult`].
+//! - [`offsets`]: the contiguous-offset tracker: per partition, which offset may be committed
+//!   while records complete out of order.
+//! - [`breaker`]: the per-endpoint circuit breaker (closed, open with growing cool-down,
+//!   half-open with one probe) and the health [`breaker::Outcome`] of an attempt.
 //! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
 
 pub mod attempt;
+pub mod breaker;
 pub mod cli;
 pub mod id;
+pub mod offsets;
 pub mod retry_policy;
 pub mod sender;
 pub mod signing;
