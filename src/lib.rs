@@ -18,12 +18,21 @@
 //!   audit), its embedded implementation and the suite every implementation passes.
 //! - [`telemetry`]: typed events that emit a log line and their metrics together; the
 //!   Prometheus listener.
+//! - [`offsets`]: the contiguous-offset tracker: per partition, which offset may be committed
+//!   while records complete out of order.
+//! - [`breaker`]: the per-endpoint circuit breaker (closed, open with growing cool-down,
+//!   half-open with one probe) and the health [`breaker::Outcome`] of an attempt.
+//! - [`lane`]: per-endpoint admission (AIMD concurrency limit, token-bucket rate limit, no
+//!   queue) and the per-partition map of lanes and breakers.
 //! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
 
 pub mod attempt;
+pub mod breaker;
 pub mod cli;
 pub mod id;
 pub mod kafka;
+pub mod lane;
+pub mod offsets;
 pub mod retry_policy;
 pub mod sender;
 pub mod signing;
