@@ -13,11 +13,17 @@
 //!   resolver for every resolved address.
 //! - [`sender`]: the outbound HTTP client (rustls, no redirects, no proxies, capped body reads,
 //!   connect and total timeouts) that turns a signed request into an [`attempt::AttemptResult`].
+//! - [`record`]: the delivery record on the wire (body bytes serialised once, `hookline-*`
+//!   headers) and the transitions the stages make (retry, park, DLQ, replay).
+//! - [`input`]: parsing an input record (Debezium outbox or native envelope) into an event, or
+//!   into the reason it goes to `hookline.invalid`.
 //! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
 
 pub mod attempt;
 pub mod cli;
 pub mod id;
+pub mod input;
+pub mod record;
 pub mod retry_policy;
 pub mod sender;
 pub mod signing;
