@@ -17,6 +17,7 @@
 //!   headers) and the transitions the stages make (retry, park, DLQ, replay).
 //! - [`input`]: parsing an input record (Debezium outbox or native envelope) into an event, or
 //!   into the reason it goes to `hookline.invalid`.
+//! - [`subscription`]: event-type filters and the per-tenant index the fan-out queries.
 //! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
 
 pub mod attempt;
@@ -28,3 +29,4 @@ pub mod retry_policy;
 pub mod sender;
 pub mod signing;
 pub mod ssrf;
+pub mod subscription;
