@@ -39,6 +39,9 @@ fn bench(c: &mut Criterion) {
     c.bench_function("matching/1000_endpoints_700_match", |b| {
         b.iter(|| index.matching(black_box(&tenant), black_box("order.created")))
     });
+    c.bench_function("matching_refs/1000_endpoints_700_match", |b| {
+        b.iter(|| index.matching_refs(black_box(&tenant), black_box("order.created")))
+    });
     c.bench_function("matching/1000_endpoints_none_match", |b| {
         b.iter(|| index.matching(black_box(&tenant), black_box("billing.cycle.closed")))
     });
