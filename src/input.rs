@@ -120,7 +120,7 @@ impl AsRef<str> for EventType {
 }
 
 /// One event, validated and ready for fan-out.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct InputEvent {
     /// The event id (`webhook-id`).
     pub id: EventId,
