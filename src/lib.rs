@@ -24,18 +24,26 @@
 //!   half-open with one probe) and the health [`breaker::Outcome`] of an attempt.
 //! - [`lane`]: per-endpoint admission (AIMD concurrency limit, token-bucket rate limit, no
 //!   queue) and the per-partition map of lanes and breakers.
+//! - [`record`]: the delivery record on the wire (body bytes serialised once, `hookline-*`
+//!   headers) and the transitions the stages make (retry, park, DLQ, replay).
+//! - [`input`]: parsing an input record (Debezium outbox or native envelope) into an event, or
+//!   into the reason it goes to `hookline.invalid`.
+//! - [`subscription`]: event-type filters and the per-tenant index the fan-out queries.
 //! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
 
 pub mod attempt;
 pub mod breaker;
 pub mod cli;
 pub mod id;
+pub mod input;
 pub mod kafka;
 pub mod lane;
 pub mod offsets;
+pub mod record;
 pub mod retry_policy;
 pub mod sender;
 pub mod signing;
 pub mod ssrf;
 pub mod storage;
+pub mod subscription;
 pub mod telemetry;
