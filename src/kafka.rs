@@ -92,7 +92,8 @@ pub fn consumer_config(
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
         .set("fetch.wait.max.ms", "20")
-        .set("isolation.level", "read_committed");
+        .set("isolation.level", "read_committed")
+        .set("statistics.interval.ms", "5000");
     for (k, v) in overrides {
         cfg.set(k, v);
     }

@@ -29,11 +29,16 @@
 //! - [`input`]: parsing an input record (Debezium outbox or native envelope) into an event, or
 //!   into the reason it goes to `hookline.invalid`.
 //! - [`subscription`]: event-type filters and the per-tenant index the fan-out queries.
+//! - [`delay_tier`]: retry tiers: which tier a delay goes to, and the stage that holds each
+//!   tier partition's head until due, then forwards it to the deliveries topic.
+//! - [`stage`]: what every Kafka stage shares: rebalance events, settled-offset tracking and
+//!   storing, partition flow control, produce-until-acknowledged.
 //! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
 
 pub mod attempt;
 pub mod breaker;
 pub mod cli;
+pub mod delay_tier;
 pub mod id;
 pub mod input;
 pub mod kafka;
@@ -44,6 +49,7 @@ pub mod retry_policy;
 pub mod sender;
 pub mod signing;
 pub mod ssrf;
+pub mod stage;
 pub mod storage;
 pub mod subscription;
 pub mod telemetry;

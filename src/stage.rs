@@ -1,0 +1,270 @@
+//! Plumbing every Kafka stage shares: learning about rebalances, tracking which records are
+//! settled per partition, storing only settled offsets, pausing partitions whose window is full,
+//! and producing a record until the broker acknowledges it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+
+use crate::offsets::OffsetTracker;
+use crate::telemetry;
+
+/// A topic-partition.
+pub type Tp = (Arc<str>, i32);
+
+/// A partition assignment change, as the stage loop learns of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RebalanceEvent {
+    /// These partitions were assigned.
+    Assigned(Vec<Tp>),
+    /// These partitions were revoked (librdkafka has committed their stored offsets).
+    Revoked(Vec<Tp>),
+}
+
+/// Consumer context that records rebalances for the stage loop to apply between records, and
+/// reports the stage's consumer lag from librdkafka's statistics (`statistics.interval.ms`).
+#[derive(Clone)]
+pub struct StageContext {
+    stage: &'static str,
+    events: Arc<Mutex<Vec<RebalanceEvent>>>,
+}
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<Tp> {
+    tpl.elements()
+        .iter()
+        .map(|e| (Arc::from(e.topic()), e.partition()))
+        .collect()
+}
+
+impl ClientContext for StageContext {
+    fn stats(&self, statistics: Statistics) {
+        let lag: i64 = statistics
+            .topics
+            .values()
+            .flat_map(|t| t.partitions.values())
+            // Partition -1 is librdkafka's internal unassigned queue; -1 lag means unknown.
+            .filter(|p| p.partition >= 0 && p.consumer_lag > 0)
+            .map(|p| p.consumer_lag)
+            .sum();
+        telemetry::consumer_lag(self.stage, lag);
+    }
+}
+
+impl ConsumerContext for StageContext {
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let event = match rebalance {
+            Rebalance::Assign(tpl) => RebalanceEvent::Assigned(partitions(tpl)),
+            Rebalance::Revoke(tpl) => RebalanceEvent::Revoked(partitions(tpl)),
+            Rebalance::Error(e) => {
+                tracing::warn!(error = %e, "rebalance error");
+                return;
+            }
+        };
+        tracing::info!(?event, "rebalance");
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(event);
+    }
+}
+
+impl StageContext {
+    /// A context for `stage` (`fanout`, `deliver`, `delay`): the metric label of its lag.
+    pub fn new(stage: &'static str) -> StageContext {
+        StageContext {
+            stage,
+            events: Arc::default(),
+        }
+    }
+
+    /// Takes the rebalance events that happened since the last call, oldest first.
+    pub fn drain(&self) -> Vec<RebalanceEvent> {
+        std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// A stage's consumer.
+pub type StageConsumer = StreamConsumer<StageContext>;
+
+/// Per-partition settlement: offsets are tracked as records are handed to the stage, settled as
+/// their work completes in any order, and only the contiguous settled prefix is stored for
+/// commit. Partitions whose window reaches `max_window` are paused until it drains to half.
+pub struct Settlements {
+    stage: &'static str,
+    trackers: HashMap<Tp, OffsetTracker>,
+    paused: HashSet<Tp>,
+    max_window: usize,
+}
+
+impl Settlements {
+    /// Tracking for one stage; `max_window` bounds the records held per partition.
+    pub fn new(stage: &'static str, max_window: usize) -> Settlements {
+        Settlements {
+            stage,
+            trackers: HashMap::new(),
+            paused: HashSet::new(),
+            max_window: max_window.max(1),
+        }
+    }
+
+    /// A record was handed to the stage.
+    pub fn track(&mut self, tp: &Tp, offset: i64) {
+        let tracker = self.trackers.entry(tp.clone()).or_default();
+        if let Err(e) = tracker.track(offset) {
+            // Only a seek or a re-assignment moves a partition backwards; whatever was in
+            // flight is re-read from the committed offset, so start over from here.
+            tracing::warn!(stage = self.stage, topic = %tp.0, partition = tp.1, offset, error = %e,
+                "offset went backwards; restarting the partition's tracking");
+            let mut fresh = OffsetTracker::new();
+            let _ = fresh.track(offset);
+            *tracker = fresh;
+        }
+    }
+
+    /// A record's work is done. Unknown partitions (revoked meanwhile) are ignored: their new
+    /// owner re-reads from the last committed offset.
+    pub fn settle(&mut self, tp: &Tp, offset: i64) {
+        if let Some(tracker) = self.trackers.get_mut(tp)
+            && let Err(e) = tracker.settle(offset)
+        {
+            tracing::debug!(stage = self.stage, topic = %tp.0, partition = tp.1, offset, error = %e,
+                "settle of an untracked offset ignored");
+        }
+    }
+
+    /// Records held for `tp` (from its lowest unsettled offset on).
+    pub fn window(&self, tp: &Tp) -> usize {
+        self.trackers.get(tp).map_or(0, OffsetTracker::window_len)
+    }
+
+    /// Records not yet settled, over all partitions.
+    pub fn in_flight(&self) -> usize {
+        self.trackers.values().map(OffsetTracker::in_flight).sum()
+    }
+
+    /// Forgets revoked partitions.
+    pub fn revoke(&mut self, tps: &[Tp]) {
+        for tp in tps {
+            self.trackers.remove(tp);
+            self.paused.remove(tp);
+        }
+    }
+
+    /// Applies rebalance events.
+    pub fn apply(&mut self, events: &[RebalanceEvent]) {
+        for e in events {
+            match e {
+                RebalanceEvent::Revoked(tps) => self.revoke(tps),
+                // A fresh assignment starts from the committed offset: old tracking is void.
+                RebalanceEvent::Assigned(tps) => self.revoke(tps),
+            }
+        }
+    }
+
+    /// Stores the committable offset of every partition that moved (librdkafka commits them).
+    pub fn store<C: Consumer<StageContext>>(&mut self, consumer: &C) {
+        let mut tpl = TopicPartitionList::new();
+        let mut moved = vec![];
+        for (tp, tracker) in &self.trackers {
+            if let Some(next) = tracker.committable() {
+                let _ = tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(next));
+                moved.push((tp.clone(), next));
+            }
+        }
+        if moved.is_empty() {
+            return;
+        }
+        match consumer.store_offsets(&tpl) {
+            Ok(()) => {
+                for (tp, next) in moved {
+                    if let Some(t) = self.trackers.get_mut(&tp) {
+                        let _ = t.mark_committed(next);
+                    }
+                }
+            }
+            // A partition revoked a moment ago: the next rebalance event forgets it.
+            Err(e) => tracing::debug!(stage = self.stage, error = %e, "storing offsets failed"),
+        }
+    }
+
+    /// Pauses partitions whose window is full and resumes those drained to half.
+    pub fn flow_control<C: Consumer<StageContext>>(&mut self, consumer: &C) {
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for (tp, tracker) in &self.trackers {
+            let window = tracker.window_len();
+            if window >= self.max_window && !self.paused.contains(tp) {
+                pause.add_partition(&tp.0, tp.1);
+            } else if window <= self.max_window / 2 && self.paused.contains(tp) {
+                resume.add_partition(&tp.0, tp.1);
+            }
+        }
+        if pause.count() > 0 && consumer.pause(&pause).is_ok() {
+            self.paused.extend(partitions(&pause));
+        }
+        if resume.count() > 0 && consumer.resume(&resume).is_ok() {
+            for tp in partitions(&resume) {
+                self.paused.remove(&tp);
+            }
+        }
+    }
+
+    /// True when every tracked record is settled.
+    pub fn is_idle(&self) -> bool {
+        self.trackers.values().all(OffsetTracker::is_idle)
+    }
+}
+
+/// A record to produce, owned so it can be retried.
+#[derive(Clone)]
+pub struct Outgoing {
+    /// Target topic.
+    pub topic: Arc<str>,
+    /// Key bytes.
+    pub key: Vec<u8>,
+    /// Headers.
+    pub headers: OwnedHeaders,
+    /// Value bytes.
+    pub payload: bytes::Bytes,
+}
+
+/// Produces `record` and waits for the broker's acknowledgement, retrying with backoff until it
+/// is acknowledged or `shutdown` fires (then `false`: the caller must not settle).
+pub async fn produce_until_acked(
+    producer: &FutureProducer,
+    record: &Outgoing,
+    shutdown: &CancellationToken,
+) -> bool {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let send = producer.send(
+            FutureRecord::to(&record.topic)
+                .key(&record.key[..])
+                .headers(record.headers.clone())
+                .payload(&record.payload[..]),
+            Duration::from_secs(5),
+        );
+        let result = tokio::select! {
+            r = send => r,
+            () = shutdown.cancelled() => return false,
+        };
+        match result {
+            Ok(_) => return true,
+            Err((e, _)) => {
+                tracing::warn!(topic = %record.topic, error = %e, "produce failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = shutdown.cancelled() => return false,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
