@@ -543,6 +543,8 @@ impl Config {
             }
             None => toml::Table::new(),
         };
+        // Kept to tell "set in the file" from "a default" when an error is reported.
+        let file_tree = tree.clone();
         let mut from_env: Vec<(String, String)> = vec![];
         let mut env: Vec<(String, String)> = env.into_iter().collect();
         env.sort();
@@ -560,7 +562,10 @@ impl Config {
                         || key.starts_with(&format!("{k}["))
                 })
                 .map(|(_, var)| var.clone())
-                .or_else(|| file.map(|(o, _)| o.to_owned()))
+                .or_else(|| {
+                    let (origin, _) = file?;
+                    in_tree(&file_tree, key).then(|| origin.to_owned())
+                })
         };
         let config: Config =
             serde_path_to_error::deserialize(toml::Value::Table(tree)).map_err(|e| {
@@ -1078,6 +1083,25 @@ fn env_value(raw: &str) -> Result<toml::Value, String> {
     Ok(table.remove("v").expect("parsed one key"))
 }
 
+/// Whether `key` (`a.b[2].c` or `a.b (note)`) names something present in `tree`; unknown keys
+/// count, since they can only have come from there.
+fn in_tree(tree: &toml::Table, key: &str) -> bool {
+    let mut table = tree;
+    let path = key.split(' ').next().unwrap_or("");
+    let segments: Vec<&str> = path
+        .split('.')
+        .map(|s| s.split('[').next().unwrap_or(""))
+        .collect();
+    for (i, seg) in segments.iter().enumerate() {
+        match table.get(*seg) {
+            None => return false,
+            Some(toml::Value::Table(t)) if i + 1 < segments.len() => table = t,
+            Some(_) => return true,
+        }
+    }
+    true
+}
+
 fn line_col(text: &str, offset: usize) -> String {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
@@ -1555,6 +1579,11 @@ mod tests {
             "admin.listen = \"nowhere\" is not an address (ip:port, e.g. \"127.0.0.1:8080\") (set by HOOKLINE_ADMIN__LISTEN)"
         );
         assert!(err("", &[("HOOKLINE_KAFKA____X", "1")]).contains("empty key segment"));
+        // A clash with a default is not blamed on the file.
+        assert_eq!(
+            err("[admin]\nlisten = \"127.0.0.1:9464\"", &[]),
+            "metrics.listen = \"127.0.0.1:9464\" is the same address as admin.listen"
+        );
     }
 
     #[test]
