@@ -33,19 +33,30 @@
 //!   tier partition's head until due, then forwards it to the deliveries topic.
 //! - [`stage`]: what every Kafka stage shares: rebalance events, settled-offset tracking and
 //!   storing, partition flow control, produce-until-acknowledged.
+//! - [`config`]: the one typed, layered configuration (defaults < `--config` TOML < `HOOKLINE_*`
+//!   environment), validated at start-up with errors that name the key.
+//! - [`sealed`]: secrets at rest: the master key and XChaCha20-Poly1305 sealing bound to context.
+//! - [`endpoint`]: the endpoint model (stored form with sealed secrets, in-memory form with opened
+//!   ones) and the admin API's request shapes and rules.
+//! - [`registry`]: every instance's materialised view of the compacted endpoints topic, and the
+//!   writer that waits for its own view to catch up.
 //! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
 
 pub mod attempt;
 pub mod breaker;
 pub mod cli;
+pub mod config;
 pub mod delay_tier;
+pub mod endpoint;
 pub mod id;
 pub mod input;
 pub mod kafka;
 pub mod lane;
 pub mod offsets;
 pub mod record;
+pub mod registry;
 pub mod retry_policy;
+pub mod sealed;
 pub mod sender;
 pub mod signing;
 pub mod ssrf;

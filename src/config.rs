@@ -1,0 +1,1599 @@
+//! The one typed configuration, layered: built-in defaults < `--config FILE` (TOML) < environment.
+//!
+//! # Environment mapping
+//! A variable `HOOKLINE_<SECTION>__<KEY>` sets `<section>.<key>`: the name after `HOOKLINE_` is
+//! lower-cased and `__` separates levels, so `HOOKLINE_KAFKA__BOOTSTRAP_SERVERS` sets
+//! `kafka.bootstrap_servers` and `HOOKLINE_STORE__SCYLLA__KEYSPACE` sets `store.scylla.keyspace`.
+//! Variables without `__` (such as `HOOKLINE_LOG`) are not configuration and are ignored.
+//! - Under `kafka.client`, the rest of the name is an rdkafka property with `_` for `.`:
+//!   `HOOKLINE_KAFKA__CLIENT__SECURITY_PROTOCOL=ssl` sets `security.protocol` (librdkafka property
+//!   names have no underscores). These values are always strings.
+//! - Elsewhere a value that reads as a TOML number, boolean, array or inline table is taken as
+//!   one (`HOOKLINE_KAFKA__PARTITIONS=24`, `HOOKLINE_RETRY__TIERS='["5s","1m"]'`,
+//!   `HOOKLINE_ADMIN__TENANT_TOKENS='{ "tok..." = "acme" }'`); anything else is a string
+//!   (`HOOKLINE_ADMIN__LISTEN=0.0.0.0:8080`). Quote it to force a string:
+//!   `HOOKLINE_STORE__SCYLLA__KEYSPACE='"2024"'`.
+//!
+//! # Validation
+//! [`Config::validate`] runs at load and every error names the key and says why, e.g.
+//! `retry.tiers[2] = "0s" must be greater than zero`, `unknown key kafka.bootstrap_server (did you
+//! mean bootstrap_servers?)`, `admin.listen = "x" is not an address`. Keys set from the
+//! environment say which variable set them.
+//!
+//! `schemas/hookline.example.toml` lists every key with its default.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer};
+use subtle::ConstantTimeEq;
+use zeroize::Zeroizing;
+
+use crate::id::Tenant;
+use crate::retry_policy::RetryPolicy;
+use crate::sealed::MasterKey;
+
+/// Prefix of configuration environment variables.
+pub const ENV_PREFIX: &str = "HOOKLINE_";
+/// Separator of levels in an environment variable name.
+pub const ENV_SEPARATOR: &str = "__";
+/// Largest delay tier accepted.
+pub const MAX_TIER: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Most delay tiers accepted (each is a topic and a consumer).
+pub const MAX_TIERS: usize = 32;
+/// Largest `http.max_payload_bytes`: a payload rides in one Kafka record, and brokers refuse
+/// records over ~1 MB by default.
+pub const MAX_PAYLOAD_CEILING: u64 = 1_000_000;
+/// Shortest admin token accepted: shorter ones are guessable.
+pub const MIN_TOKEN_LEN: usize = 16;
+/// Longest Kafka topic name.
+const MAX_TOPIC_LEN: usize = 249;
+/// Cassandra's longest TTL (20 years).
+const MAX_CQL_TTL: Duration = Duration::from_secs(630_720_000);
+
+/// What went wrong while loading or checking the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML.
+    #[error("config file {origin} is not valid TOML: {message}")]
+    Syntax {
+        /// The file.
+        origin: String,
+        /// The parser's message (with line and column).
+        message: String,
+    },
+    /// An environment variable cannot be mapped onto a key.
+    #[error("environment variable {var}: {reason}")]
+    Env {
+        /// The variable.
+        var: String,
+        /// Why.
+        reason: String,
+    },
+    /// A key that does not exist.
+    #[error("unknown key {key}{}{}", suggestion.as_ref().map(|s| format!(" (did you mean {s}?)")).unwrap_or_default(), origin_suffix(origin))]
+    UnknownKey {
+        /// The full key path.
+        key: String,
+        /// The closest known key at that level, when one is close.
+        suggestion: Option<String>,
+        /// Where the key came from (file or environment variable).
+        origin: Option<String>,
+    },
+    /// A value that is not acceptable: `key = value why` or `key why`.
+    #[error("{key} {detail}{}", origin_suffix(origin))]
+    Invalid {
+        /// The full key path, e.g. `retry.tiers[2]`.
+        key: String,
+        /// `= "value" why`, or just why.
+        detail: String,
+        /// Where the key came from (file or environment variable).
+        origin: Option<String>,
+    },
+}
+
+fn origin_suffix(origin: &Option<String>) -> String {
+    origin
+        .as_ref()
+        .map(|o| format!(" (set by {o})"))
+        .unwrap_or_default()
+}
+
+fn invalid(key: impl Into<String>, detail: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        detail: detail.into(),
+        origin: None,
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Kafka connection, topics and inputs.
+    pub kafka: KafkaConfig,
+    /// Retry schedule and delay tiers.
+    pub retry: RetryConfig,
+    /// Delivery-stage limits and breaker thresholds.
+    pub delivery: DeliveryConfig,
+    /// Outbound HTTP.
+    pub http: HttpConfig,
+    /// The admin API.
+    pub admin: AdminConfig,
+    /// The Prometheus listener.
+    pub metrics: MetricsConfig,
+    /// The master key for secrets at rest.
+    pub security: SecurityConfig,
+    /// Where attempts and delivery history are kept.
+    pub store: StoreConfig,
+}
+
+/// `[kafka]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers` for every client.
+    pub bootstrap_servers: String,
+    /// Extra rdkafka properties for every client (e.g. `security.protocol`), applied last.
+    #[serde(deserialize_with = "string_map")]
+    pub client: BTreeMap<String, String>,
+    /// Partition count of the deliveries topic (and of the tier topics).
+    pub partitions: u32,
+    /// Topic names.
+    pub topics: TopicsConfig,
+    /// Input topics carrying Debezium outbox records, by name.
+    pub input_topics: Vec<String>,
+    /// Input topics by regex (must start with `^`; rdkafka subscribes to it as a pattern).
+    pub input_pattern: Option<String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            bootstrap_servers: "localhost:9092".into(),
+            client: BTreeMap::new(),
+            partitions: 12,
+            topics: TopicsConfig::default(),
+            input_topics: vec![],
+            input_pattern: Some(r"^outbox\.event\..*".into()),
+        }
+    }
+}
+
+impl KafkaConfig {
+    /// An rdkafka client config with `bootstrap.servers` and the `client` overrides set.
+    pub fn client_config(&self) -> rdkafka::ClientConfig {
+        let mut c = rdkafka::ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap_servers);
+        for (k, v) in &self.client {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// The name of the delay-tier topic for `tier` (`hookline.retry.5s`, `hookline.retry.2m`).
+    pub fn tier_topic(&self, tier: Duration) -> String {
+        format!("{}{}", self.topics.retry_prefix, tier_name(tier))
+    }
+}
+
+/// `[kafka.topics]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TopicsConfig {
+    /// One record per (event, endpoint), keyed by endpoint id.
+    pub deliveries: String,
+    /// The compacted endpoints topic.
+    pub endpoints: String,
+    /// Dead letters.
+    pub dlq: String,
+    /// Input records that are neither Debezium outbox records nor native envelopes.
+    pub invalid: String,
+    /// Native events (`POST /v1/events`).
+    pub events: String,
+    /// Prefix of the delay-tier topics; the tier's duration follows (`hookline.retry.5s`).
+    pub retry_prefix: String,
+}
+
+impl Default for TopicsConfig {
+    fn default() -> Self {
+        TopicsConfig {
+            deliveries: "hookline.deliveries".into(),
+            endpoints: "hookline.endpoints".into(),
+            dlq: "hookline.dlq".into(),
+            invalid: "hookline.invalid".into(),
+            events: "hookline.events".into(),
+            retry_prefix: "hookline.retry.".into(),
+        }
+    }
+}
+
+/// `[retry]`: the backoff policy (see [`RetryPolicy`]) and the delay tiers.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Upper bound of the first retry's delay.
+    #[serde(deserialize_with = "duration")]
+    pub base: Duration,
+    /// Growth of the upper bound per retry.
+    pub multiplier: f64,
+    /// No delay exceeds this.
+    #[serde(deserialize_with = "duration")]
+    pub cap: Duration,
+    /// Total time from the first attempt after which a delivery is dead-lettered.
+    #[serde(deserialize_with = "duration")]
+    pub window: Duration,
+    /// Delay tiers, ascending; each is a topic `<retry_prefix><tier>`.
+    #[serde(deserialize_with = "durations")]
+    pub tiers: Vec<Duration>,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        let p = RetryPolicy::default();
+        RetryConfig {
+            base: p.base,
+            multiplier: p.multiplier,
+            cap: p.cap,
+            window: p.window,
+            tiers: [5, 30, 120, 600, 3600, 6 * 3600]
+                .map(Duration::from_secs)
+                .to_vec(),
+        }
+    }
+}
+
+impl RetryConfig {
+    /// The backoff policy.
+    pub fn policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            base: self.base,
+            multiplier: self.multiplier,
+            cap: self.cap,
+            window: self.window,
+        }
+    }
+}
+
+/// `[delivery]`: plain numbers; the lane and breaker types read them.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// Concurrent attempts per endpoint unless the endpoint sets its own.
+    pub max_in_flight: u32,
+    /// Records held in memory per deliveries partition (in flight or queued in lanes).
+    pub partition_max_in_flight: u32,
+    /// Consecutive failures that open an endpoint's breaker.
+    pub breaker_failure_threshold: u32,
+    /// How long an open breaker waits before admitting one probe.
+    #[serde(deserialize_with = "duration")]
+    pub breaker_cooldown: Duration,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            max_in_flight: 16,
+            partition_max_in_flight: 1000,
+            breaker_failure_threshold: 5,
+            breaker_cooldown: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[http]`: the outbound client.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// TCP (and TLS) connect timeout.
+    #[serde(deserialize_with = "duration")]
+    pub connect_timeout: Duration,
+    /// Whole-attempt timeout.
+    #[serde(deserialize_with = "duration")]
+    pub total_timeout: Duration,
+    /// Ranges delivered to even though the SSRF policy blocks them (e.g. an internal receiver).
+    #[serde(deserialize_with = "cidrs")]
+    pub allow_cidrs: Vec<IpNet>,
+    /// DNS servers to resolve endpoint hosts with; the system's when empty.
+    #[serde(deserialize_with = "addrs")]
+    pub dns_servers: Vec<SocketAddr>,
+    /// Allow plain `http://` endpoints. Never in production.
+    pub dangerous_allow_http: bool,
+    /// Largest event payload accepted for delivery.
+    pub max_payload_bytes: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            connect_timeout: Duration::from_secs(3),
+            total_timeout: Duration::from_secs(15),
+            allow_cidrs: vec![],
+            dns_servers: vec![],
+            dangerous_allow_http: false,
+            max_payload_bytes: 256 * 1024,
+        }
+    }
+}
+
+/// A bearer token for the admin API. Wiped on drop, `<redacted>` in `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(Zeroizing<String>);
+
+impl PartialOrd for Token {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Token {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.as_str().cmp(other.0.as_str())
+    }
+}
+
+impl Token {
+    /// Wraps a token.
+    pub fn new(s: impl Into<String>) -> Token {
+        Token(Zeroizing::new(s.into()))
+    }
+
+    /// Compares with a presented token in constant time (for equal lengths).
+    pub fn matches(&self, presented: &str) -> bool {
+        self.0.as_bytes().ct_eq(presented.as_bytes()).into()
+    }
+
+    /// The token itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl<'de> Deserialize<'de> for Token {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Token::new)
+    }
+}
+
+/// Who a bearer token belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// Sees and changes everything.
+    Operator,
+    /// Sees and changes only its tenant's endpoints and events.
+    Tenant(Tenant),
+}
+
+/// `[admin]`: the admin API listener and its tokens.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Listen address.
+    #[serde(deserialize_with = "addr")]
+    pub listen: SocketAddr,
+    /// Tokens that see every tenant.
+    pub operator_tokens: Vec<Token>,
+    /// Token → the one tenant it may act for.
+    pub tenant_tokens: BTreeMap<Token, Tenant>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            operator_tokens: vec![],
+            tenant_tokens: BTreeMap::new(),
+        }
+    }
+}
+
+impl AdminConfig {
+    /// Whom a presented bearer token belongs to. Every configured token is compared, in constant
+    /// time each, so the answer's timing does not reveal which one was close.
+    pub fn principal(&self, presented: &str) -> Option<Principal> {
+        let mut found = None;
+        for t in &self.operator_tokens {
+            if t.matches(presented) && found.is_none() {
+                found = Some(Principal::Operator);
+            }
+        }
+        for (t, tenant) in &self.tenant_tokens {
+            if t.matches(presented) && found.is_none() {
+                found = Some(Principal::Tenant(tenant.clone()));
+            }
+        }
+        found
+    }
+}
+
+/// `[metrics]`: the Prometheus listener.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Listen address.
+    #[serde(deserialize_with = "addr")]
+    pub listen: SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+        }
+    }
+}
+
+/// `[security]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecurityConfig {
+    /// Base64 of 32 bytes; seals endpoint secrets. Required by `hookline run`; `hookline dev`
+    /// generates one per process.
+    pub master_key: Option<MasterKey>,
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `memory` (for `hookline dev` and tests) or `scylla`.
+    pub kind: StoreKind,
+    /// Used when `kind = "scylla"`.
+    pub scylla: ScyllaConfig,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            kind: StoreKind::Scylla,
+            scylla: ScyllaConfig::default(),
+        }
+    }
+}
+
+/// Which store keeps the attempt log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// In process; lost on exit.
+    Memory,
+    /// ScyllaDB or Cassandra over CQL.
+    Scylla,
+}
+
+/// `[store.scylla]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScyllaConfig {
+    /// Contact points, `host:port`.
+    pub nodes: Vec<String>,
+    /// Keyspace (created by `hookline migrate`).
+    pub keyspace: String,
+    /// Replication factor `hookline migrate` creates the keyspace with. 1 suits one local
+    /// node; production clusters want 3.
+    pub replication_factor: u8,
+    /// How long attempt rows are kept.
+    #[serde(deserialize_with = "duration")]
+    pub attempt_ttl: Duration,
+}
+
+impl Default for ScyllaConfig {
+    fn default() -> Self {
+        ScyllaConfig {
+            nodes: vec!["127.0.0.1:9042".into()],
+            keyspace: "hookline".into(),
+            replication_factor: 1,
+            attempt_ttl: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+impl Config {
+    /// Loads defaults < `path` (when given) < `HOOKLINE_*` environment, and validates.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let file = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source,
+                })?;
+                Some((p.display().to_string(), text))
+            }
+            None => None,
+        };
+        let env = env_vars()?;
+        Config::from_sources(file.as_ref().map(|(o, t)| (o.as_str(), t.as_str())), env)
+    }
+
+    /// The pure core of [`Config::load`]: `file` is (origin for messages, TOML text); `env` is
+    /// every environment variable (those not starting with `HOOKLINE_` are ignored).
+    pub fn from_sources(
+        file: Option<(&str, &str)>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut tree = match file {
+            Some((origin, text)) => {
+                toml::from_str::<toml::Table>(text).map_err(|e| ConfigError::Syntax {
+                    origin: origin.to_owned(),
+                    message: e.message().to_owned()
+                        + &e.span()
+                            .map(|s| format!(" (at {})", line_col(text, s.start)))
+                            .unwrap_or_default(),
+                })?
+            }
+            None => toml::Table::new(),
+        };
+        // Kept to tell "set in the file" from "a default" when an error is reported.
+        let file_tree = tree.clone();
+        let mut from_env: Vec<(String, String)> = vec![];
+        let mut env: Vec<(String, String)> = env.into_iter().collect();
+        env.sort();
+        for (var, raw) in env {
+            if let Some(key) = overlay_env(&mut tree, &var, &raw)? {
+                from_env.push((key, var));
+            }
+        }
+        let origin_of = |key: &str| -> Option<String> {
+            from_env
+                .iter()
+                .find(|(k, _)| {
+                    key == k
+                        || key.starts_with(&format!("{k}."))
+                        || key.starts_with(&format!("{k}["))
+                })
+                .map(|(_, var)| var.clone())
+                .or_else(|| {
+                    let (origin, _) = file?;
+                    in_tree(&file_tree, key).then(|| origin.to_owned())
+                })
+        };
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(tree)).map_err(|e| {
+                let key = e.path().to_string();
+                let origin = origin_of(&key);
+                de_error(key, e.into_inner().to_string(), origin)
+            })?;
+        config.validate().map_err(|e| match e {
+            ConfigError::Invalid { key, detail, .. } => {
+                let origin = origin_of(&key);
+                ConfigError::Invalid {
+                    key,
+                    detail,
+                    origin,
+                }
+            }
+            other => other,
+        })?;
+        Ok(config)
+    }
+
+    /// Defaults for `hookline dev`: in-memory store, an ephemeral master key, small partition
+    /// count, and deliveries to plain http on loopback allowed so a local receiver works.
+    pub fn dev_defaults() -> Config {
+        let mut c = Config::default();
+        c.kafka.partitions = 4;
+        // The mock cluster batches badly with a linger; FACTS.md measured 65x faster at 0.
+        c.kafka.client.insert("linger.ms".into(), "0".into());
+        c.store.kind = StoreKind::Memory;
+        c.security.master_key = Some(MasterKey::generate());
+        c.http.dangerous_allow_http = true;
+        c.http.allow_cidrs = vec![
+            "127.0.0.0/8".parse().expect("literal CIDR"),
+            "::1/128".parse().expect("literal CIDR"),
+        ];
+        c
+    }
+
+    /// Gives this config an ephemeral master key when it has none (for `hookline dev` with a
+    /// config file): secrets sealed under it do not survive a restart.
+    pub fn with_ephemeral_master_key(mut self) -> Config {
+        if self.security.master_key.is_none() {
+            self.security.master_key = Some(MasterKey::generate());
+        }
+        self
+    }
+
+    /// The master key, which `hookline run` must be given.
+    pub fn require_master_key(&self) -> Result<&MasterKey, ConfigError> {
+        self.security.master_key.as_ref().ok_or_else(|| {
+            invalid(
+                "security.master_key",
+                "is required for `hookline run` (base64 of 32 random bytes, e.g. from \
+                 `head -c32 /dev/urandom | base64`; or set HOOKLINE_SECURITY__MASTER_KEY)",
+            )
+        })
+    }
+
+    /// Every delay tier with its topic name, ascending.
+    pub fn tier_topics(&self) -> Vec<(Duration, String)> {
+        self.retry
+            .tiers
+            .iter()
+            .map(|&t| (t, self.kafka.tier_topic(t)))
+            .collect()
+    }
+
+    /// Checks every rule; the error names the first key that breaks one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_kafka()?;
+        self.validate_retry()?;
+        self.validate_delivery()?;
+        self.validate_http()?;
+        self.validate_admin()?;
+        self.validate_store()?;
+        Ok(())
+    }
+
+    fn validate_kafka(&self) -> Result<(), ConfigError> {
+        let k = &self.kafka;
+        if k.bootstrap_servers.trim().is_empty() {
+            return Err(invalid("kafka.bootstrap_servers", "must not be empty"));
+        }
+        if !(1..=10_000).contains(&k.partitions) {
+            return Err(invalid(
+                "kafka.partitions",
+                format!("= {} must be between 1 and 10000", k.partitions),
+            ));
+        }
+        let t = &k.topics;
+        let own = [
+            ("kafka.topics.deliveries", &t.deliveries),
+            ("kafka.topics.endpoints", &t.endpoints),
+            ("kafka.topics.dlq", &t.dlq),
+            ("kafka.topics.invalid", &t.invalid),
+            ("kafka.topics.events", &t.events),
+        ];
+        let mut seen = BTreeSet::new();
+        for (key, name) in own {
+            check_topic(key, name)?;
+            if !seen.insert(name.as_str()) {
+                return Err(invalid(
+                    key,
+                    format!("= {name:?} is already used by another hookline topic"),
+                ));
+            }
+        }
+        // The prefix is checked with the longest tier suffix it will carry.
+        check_topic(
+            "kafka.topics.retry_prefix",
+            &format!("{}{}", t.retry_prefix, "9999999ms"),
+        )
+        .map_err(|_| {
+            invalid(
+                "kafka.topics.retry_prefix",
+                format!(
+                    "= {:?} must be a topic name prefix (letters, digits, '.', '_', '-'; short \
+                     enough for a tier suffix)",
+                    t.retry_prefix
+                ),
+            )
+        })?;
+        if t.retry_prefix.is_empty() {
+            return Err(invalid("kafka.topics.retry_prefix", "must not be empty"));
+        }
+        // Consuming hookline's own output as input would loop forever.
+        let internal = |name: &str| {
+            name == t.deliveries
+                || name == t.endpoints
+                || name == t.dlq
+                || name == t.invalid
+                || name.starts_with(&t.retry_prefix)
+        };
+        if k.input_topics.len() > 1000 {
+            return Err(invalid(
+                "kafka.input_topics",
+                "must list at most 1000 topics",
+            ));
+        }
+        for (i, name) in k.input_topics.iter().enumerate() {
+            let key = format!("kafka.input_topics[{i}]");
+            check_topic(&key, name)?;
+            if internal(name) {
+                return Err(invalid(
+                    key,
+                    format!("= {name:?} is one of hookline's own topics and cannot be an input"),
+                ));
+            }
+        }
+        if let Some(p) = &k.input_pattern {
+            let key = "kafka.input_pattern";
+            if !p.starts_with('^') {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "= {p:?} must start with ^ (rdkafka takes a subscription without it as a \
+                         topic name)"
+                    ),
+                ));
+            }
+            let re = regex::Regex::new(p).map_err(|e| {
+                invalid(
+                    key,
+                    format!(
+                        "= {p:?} is not a valid regex: {}",
+                        e.to_string().lines().last().unwrap_or("")
+                    ),
+                )
+            })?;
+            let mut probes = vec![
+                t.deliveries.clone(),
+                t.endpoints.clone(),
+                t.dlq.clone(),
+                t.invalid.clone(),
+            ];
+            probes.extend(self.tier_topics().into_iter().map(|(_, n)| n));
+            if let Some(hit) = probes.iter().find(|n| re.is_match(n)) {
+                return Err(invalid(
+                    key,
+                    format!("= {p:?} matches hookline's own topic {hit:?}, which would loop"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_retry(&self) -> Result<(), ConfigError> {
+        let r = &self.retry;
+        r.policy().validate().map_err(|e| {
+            let msg = e.to_string();
+            let (key, rest) = msg.split_once(' ').unwrap_or(("retry", &msg));
+            invalid(key, rest)
+        })?;
+        if r.tiers.is_empty() {
+            return Err(invalid("retry.tiers", "must list at least one tier"));
+        }
+        if r.tiers.len() > MAX_TIERS {
+            return Err(invalid(
+                "retry.tiers",
+                format!("must list at most {MAX_TIERS} tiers"),
+            ));
+        }
+        for (i, &t) in r.tiers.iter().enumerate() {
+            let key = format!("retry.tiers[{i}]");
+            let shown = humantime::format_duration(t).to_string();
+            if t.is_zero() {
+                return Err(invalid(key, "= \"0s\" must be greater than zero"));
+            }
+            if t.subsec_millis() as u128 * 1_000_000 != t.subsec_nanos() as u128 {
+                return Err(invalid(
+                    key,
+                    format!("= {shown:?} must be whole milliseconds"),
+                ));
+            }
+            if t > MAX_TIER {
+                return Err(invalid(key, format!("= {shown:?} must be at most 7d")));
+            }
+            if i > 0 && t <= r.tiers[i - 1] {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "= {shown:?} must be greater than retry.tiers[{}] ({}): tiers are \
+                         ascending and unique",
+                        i - 1,
+                        humantime::format_duration(r.tiers[i - 1])
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_delivery(&self) -> Result<(), ConfigError> {
+        let d = &self.delivery;
+        if !(1..=crate::endpoint::MAX_IN_FLIGHT_CEILING).contains(&d.max_in_flight) {
+            return Err(invalid(
+                "delivery.max_in_flight",
+                format!(
+                    "= {} must be between 1 and {}",
+                    d.max_in_flight,
+                    crate::endpoint::MAX_IN_FLIGHT_CEILING
+                ),
+            ));
+        }
+        if d.partition_max_in_flight < d.max_in_flight || d.partition_max_in_flight > 1_000_000 {
+            return Err(invalid(
+                "delivery.partition_max_in_flight",
+                format!(
+                    "= {} must be between delivery.max_in_flight ({}) and 1000000",
+                    d.partition_max_in_flight, d.max_in_flight
+                ),
+            ));
+        }
+        if d.breaker_failure_threshold == 0 {
+            return Err(invalid(
+                "delivery.breaker_failure_threshold",
+                "= 0 must be at least 1",
+            ));
+        }
+        if d.breaker_cooldown.is_zero() {
+            return Err(invalid(
+                "delivery.breaker_cooldown",
+                "= \"0s\" must be greater than zero",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_http(&self) -> Result<(), ConfigError> {
+        let h = &self.http;
+        if h.connect_timeout.is_zero() {
+            return Err(invalid(
+                "http.connect_timeout",
+                "= \"0s\" must be greater than zero",
+            ));
+        }
+        if h.total_timeout < h.connect_timeout {
+            return Err(invalid(
+                "http.total_timeout",
+                format!(
+                    "= {:?} must be at least http.connect_timeout ({})",
+                    humantime::format_duration(h.total_timeout).to_string(),
+                    humantime::format_duration(h.connect_timeout)
+                ),
+            ));
+        }
+        if !(1..=MAX_PAYLOAD_CEILING).contains(&h.max_payload_bytes) {
+            return Err(invalid(
+                "http.max_payload_bytes",
+                format!(
+                    "= {} must be between 1 and {MAX_PAYLOAD_CEILING} (one Kafka record)",
+                    h.max_payload_bytes
+                ),
+            ));
+        }
+        if h.allow_cidrs.len() > 256 {
+            return Err(invalid("http.allow_cidrs", "must list at most 256 ranges"));
+        }
+        if h.dns_servers.len() > 16 {
+            return Err(invalid("http.dns_servers", "must list at most 16 servers"));
+        }
+        Ok(())
+    }
+
+    fn validate_admin(&self) -> Result<(), ConfigError> {
+        let a = &self.admin;
+        let mut seen = BTreeSet::new();
+        let check = |key: String, t: &Token, seen: &mut BTreeSet<Token>| {
+            let n = t.expose().chars().count();
+            if !(MIN_TOKEN_LEN..=1024).contains(&n) {
+                return Err(invalid(
+                    key,
+                    format!("must be {MIN_TOKEN_LEN} to 1024 characters (got {n})"),
+                ));
+            }
+            if t.expose()
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+            {
+                return Err(invalid(
+                    key,
+                    "must not contain spaces or control characters",
+                ));
+            }
+            if !seen.insert(t.clone()) {
+                return Err(invalid(key, "repeats another admin token"));
+            }
+            Ok(())
+        };
+        for (i, t) in a.operator_tokens.iter().enumerate() {
+            check(format!("admin.operator_tokens[{i}]"), t, &mut seen)?;
+        }
+        for (t, tenant) in &a.tenant_tokens {
+            check(
+                format!("admin.tenant_tokens (token for {tenant})"),
+                t,
+                &mut seen,
+            )?;
+        }
+        if a.listen == self.metrics.listen && a.listen.port() != 0 {
+            return Err(invalid(
+                "metrics.listen",
+                format!("= \"{}\" is the same address as admin.listen", a.listen),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_store(&self) -> Result<(), ConfigError> {
+        let s = &self.store.scylla;
+        if self.store.kind == StoreKind::Scylla && s.nodes.is_empty() {
+            return Err(invalid(
+                "store.scylla.nodes",
+                "must list at least one node when store.kind = \"scylla\"",
+            ));
+        }
+        let ks_ok = s.keyspace.len() <= 48
+            && s.keyspace.starts_with(|c: char| c.is_ascii_alphabetic())
+            && s.keyspace
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ks_ok {
+            return Err(invalid(
+                "store.scylla.keyspace",
+                format!(
+                    "= {:?} must be a letter then up to 47 letters, digits or '_'",
+                    s.keyspace
+                ),
+            ));
+        }
+        if s.replication_factor == 0 {
+            return Err(invalid(
+                "store.scylla.replication_factor",
+                "= 0 must be at least 1",
+            ));
+        }
+        if s.attempt_ttl < Duration::from_secs(1) || s.attempt_ttl > MAX_CQL_TTL {
+            return Err(invalid(
+                "store.scylla.attempt_ttl",
+                format!(
+                    "= {:?} must be between 1s and 20 years",
+                    humantime::format_duration(s.attempt_ttl).to_string()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A tier's name in its topic: the largest unit that divides it exactly (`5s`, `2m`, `6h`,
+/// `1d`, `1500ms`), so names stay short and legal in topic names.
+pub fn tier_name(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [
+        ("d", 86_400_000u128),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+fn check_topic(key: &str, name: &str) -> Result<(), ConfigError> {
+    let legal = !name.is_empty()
+        && name.len() <= MAX_TOPIC_LEN
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if legal {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!(
+                "= {name:?} is not a Kafka topic name (1 to {MAX_TOPIC_LEN} letters, digits, \
+                 '.', '_', '-')"
+            ),
+        ))
+    }
+}
+
+/// Every environment variable, failing on a `HOOKLINE_` one that is not Unicode (the others are
+/// none of hookline's business).
+fn env_vars() -> Result<Vec<(String, String)>, ConfigError> {
+    let mut out = vec![];
+    for (k, v) in std::env::vars_os() {
+        let (Some(k), v) = (k.to_str().map(str::to_owned), v) else {
+            continue;
+        };
+        if !k.starts_with(ENV_PREFIX) {
+            continue;
+        }
+        let v: String = v.into_string().map_err(|_: OsString| ConfigError::Env {
+            var: k.clone(),
+            reason: "value is not valid Unicode".into(),
+        })?;
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
+/// Puts one environment variable into the TOML tree. Returns the key it set, or `None` when
+/// the variable is not configuration.
+fn overlay_env(
+    tree: &mut toml::Table,
+    var: &str,
+    raw: &str,
+) -> Result<Option<String>, ConfigError> {
+    let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+        return Ok(None);
+    };
+    if !rest.contains(ENV_SEPARATOR) {
+        return Ok(None);
+    }
+    let env_err = |reason: String| ConfigError::Env {
+        var: var.to_owned(),
+        reason,
+    };
+    let mut path: Vec<String> = rest
+        .split(ENV_SEPARATOR)
+        .map(|s| s.to_ascii_lowercase())
+        .collect();
+    if path.iter().any(String::is_empty) {
+        return Err(env_err("has an empty key segment".into()));
+    }
+    let is_client = path.len() >= 3 && path[0] == "kafka" && path[1] == "client";
+    let value = if is_client {
+        let prop = path.split_off(2).join(".").replace('_', ".");
+        path.push(prop);
+        toml::Value::String(raw.to_owned())
+    } else {
+        env_value(raw).map_err(env_err)?
+    };
+    let key = path.join(".");
+    let (last, parents) = path.split_last().expect("non-empty path");
+    let mut table = tree;
+    let mut walked = String::new();
+    for seg in parents {
+        if !walked.is_empty() {
+            walked.push('.');
+        }
+        walked.push_str(seg);
+        let entry = table
+            .entry(seg.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = entry
+            .as_table_mut()
+            .ok_or_else(|| env_err(format!("{walked} is a value, not a section")))?;
+    }
+    table.insert(last.clone(), value);
+    Ok(Some(key))
+}
+
+/// Reads an environment value: TOML when it looks like a number, boolean, array, inline table
+/// or quoted string; a plain string otherwise.
+fn env_value(raw: &str) -> Result<toml::Value, String> {
+    let t = raw.trim();
+    let looks_typed = t == "true"
+        || t == "false"
+        || t.starts_with(['[', '{', '"', '\''])
+        || t.parse::<i64>().is_ok()
+        || (t.parse::<f64>().is_ok() && t.chars().any(|c| c.is_ascii_digit()) && !t.contains(':'));
+    if !looks_typed {
+        return Ok(toml::Value::String(raw.to_owned()));
+    }
+    let doc = format!("v = {t}");
+    let mut table: toml::Table =
+        toml::from_str(&doc).map_err(|e| format!("value is not valid TOML: {}", e.message()))?;
+    Ok(table.remove("v").expect("parsed one key"))
+}
+
+/// Whether `key` (`a.b[2].c` or `a.b (note)`) names something present in `tree`; unknown keys
+/// count, since they can only have come from there.
+fn in_tree(tree: &toml::Table, key: &str) -> bool {
+    let mut table = tree;
+    let path = key.split(' ').next().unwrap_or("");
+    let segments: Vec<&str> = path
+        .split('.')
+        .map(|s| s.split('[').next().unwrap_or(""))
+        .collect();
+    for (i, seg) in segments.iter().enumerate() {
+        match table.get(*seg) {
+            None => return false,
+            Some(toml::Value::Table(t)) if i + 1 < segments.len() => table = t,
+            Some(_) => return true,
+        }
+    }
+    true
+}
+
+fn line_col(text: &str, offset: usize) -> String {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    format!("line {line}, column {col}")
+}
+
+/// Turns a deserialisation error at `key` into a [`ConfigError`], recognising unknown keys.
+fn de_error(key: String, message: String, origin: Option<String>) -> ConfigError {
+    // toml appends "\nin `section`" context that the key path already carries.
+    let message = message
+        .split("\nin `")
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let field = rest.split('`').next().unwrap_or("");
+        let expected: Vec<&str> = rest
+            .split('`')
+            .skip(2)
+            .step_by(2)
+            .map(|s| s.trim())
+            .collect();
+        let suggestion = expected
+            .iter()
+            .map(|e| (strsim::jaro_winkler(field, e), *e))
+            .filter(|(score, _)| *score >= 0.8)
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, e)| e.to_owned());
+        return ConfigError::UnknownKey {
+            key,
+            suggestion,
+            origin,
+        };
+    }
+    if message.starts_with("= ") {
+        return ConfigError::Invalid {
+            key,
+            detail: message,
+            origin,
+        };
+    }
+    ConfigError::Invalid {
+        key,
+        detail: format!("is wrong: {message}"),
+        origin,
+    }
+}
+
+// Field deserialisers whose errors quote the value and say what was expected; `de_error`
+// prefixes the key.
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "= {s:?} is not a duration (e.g. \"500ms\", \"30s\", \"2m\", \"1h\")"
+        ))
+    })
+}
+
+struct De<T>(T);
+
+impl<'de> Deserialize<'de> for De<Duration> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        duration(d).map(De)
+    }
+}
+
+impl<'de> Deserialize<'de> for De<SocketAddr> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        addr(d).map(De)
+    }
+}
+
+impl<'de> Deserialize<'de> for De<IpNet> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map(De).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "= {s:?} is not a CIDR range (e.g. \"10.1.0.0/16\")"
+            ))
+        })
+    }
+}
+
+fn durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
+    Vec::<De<Duration>>::deserialize(d).map(|v| v.into_iter().map(|x| x.0).collect())
+}
+
+fn addr<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "= {s:?} is not an address (ip:port, e.g. \"127.0.0.1:8080\")"
+        ))
+    })
+}
+
+fn addrs<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SocketAddr>, D::Error> {
+    Vec::<De<SocketAddr>>::deserialize(d).map(|v| v.into_iter().map(|x| x.0).collect())
+}
+
+fn cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+    Vec::<De<IpNet>>::deserialize(d).map(|v| v.into_iter().map(|x| x.0).collect())
+}
+
+/// rdkafka properties are strings, but `linger.ms = 0` in TOML is natural: accept scalars.
+fn string_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        S(String),
+        I(i64),
+        F(f64),
+        B(bool),
+    }
+    let m = BTreeMap::<String, Scalar>::deserialize(d)?;
+    Ok(m.into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Scalar::S(s) => s,
+                Scalar::I(i) => i.to_string(),
+                Scalar::F(f) => f.to_string(),
+                Scalar::B(b) => b.to_string(),
+            };
+            (k, v)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(file: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_sources(
+            Some(("test.toml", file)),
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+    }
+
+    fn err(file: &str, env: &[(&str, &str)]) -> String {
+        load(file, env).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_are_valid_and_as_documented() {
+        let c = Config::from_sources(None, vec![]).unwrap();
+        assert_eq!(c.kafka.topics.deliveries, "hookline.deliveries");
+        assert_eq!(c.kafka.topics.endpoints, "hookline.endpoints");
+        assert_eq!(c.retry.policy(), RetryPolicy::default());
+        assert_eq!(c.retry.tiers.len(), 6);
+        assert_eq!(
+            c.tier_topics()
+                .into_iter()
+                .map(|(_, n)| n)
+                .collect::<Vec<_>>(),
+            [
+                "hookline.retry.5s",
+                "hookline.retry.30s",
+                "hookline.retry.2m",
+                "hookline.retry.10m",
+                "hookline.retry.1h",
+                "hookline.retry.6h"
+            ]
+        );
+        assert_eq!(c.http.connect_timeout, Duration::from_secs(3));
+        assert_eq!(c.http.max_payload_bytes, 262_144);
+        assert_eq!(c.admin.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.metrics.listen.to_string(), "127.0.0.1:9464");
+        assert!(c.security.master_key.is_none());
+        assert!(
+            c.require_master_key()
+                .unwrap_err()
+                .to_string()
+                .contains("security.master_key is required")
+        );
+        assert_eq!(c.store.kind, StoreKind::Scylla);
+        Config::dev_defaults().validate().unwrap();
+        assert!(Config::dev_defaults().require_master_key().is_ok());
+    }
+
+    #[test]
+    fn the_example_file_parses_to_the_defaults() {
+        let text = include_str!("../schemas/hookline.example.toml");
+        let c = load(text, &[]).unwrap();
+        assert_eq!(format!("{c:?}"), format!("{:?}", Config::default()));
+    }
+
+    #[test]
+    fn file_values_are_read() {
+        let c = load(
+            r#"
+            [kafka]
+            bootstrap_servers = "k1:9092,k2:9092"
+            partitions = 24
+            input_topics = ["outbox.event.order"]
+            input_pattern = '^outbox\..*'
+            [kafka.client]
+            "linger.ms" = 0
+            "security.protocol" = "ssl"
+            [retry]
+            base = "10s"
+            multiplier = 3
+            cap = "30m"
+            window = "2h"
+            tiers = ["1s", "90s", "1d"]
+            [http]
+            allow_cidrs = ["10.1.0.0/16"]
+            dns_servers = ["10.0.0.2:53"]
+            [admin]
+            operator_tokens = ["op-token-0123456789"]
+            tenant_tokens = { "tenant-token-0123456789" = "acme" }
+            [security]
+            master_key = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+            [store]
+            kind = "memory"
+            [store.scylla]
+            attempt_ttl = "7d"
+            "#,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.kafka.partitions, 24);
+        assert_eq!(c.kafka.client["linger.ms"], "0");
+        assert_eq!(c.retry.multiplier, 3.0);
+        assert_eq!(
+            c.tier_topics()
+                .into_iter()
+                .map(|(_, n)| n)
+                .collect::<Vec<_>>(),
+            [
+                "hookline.retry.1s",
+                "hookline.retry.90s",
+                "hookline.retry.1d"
+            ]
+        );
+        assert_eq!(c.http.allow_cidrs[0].to_string(), "10.1.0.0/16");
+        assert_eq!(
+            c.admin.principal("op-token-0123456789"),
+            Some(Principal::Operator)
+        );
+        assert_eq!(
+            c.admin.principal("tenant-token-0123456789"),
+            Some(Principal::Tenant(Tenant::parse("acme").unwrap()))
+        );
+        assert_eq!(c.admin.principal("op-token-012345678"), None);
+        assert!(c.require_master_key().is_ok());
+        assert_eq!(c.store.kind, StoreKind::Memory);
+        assert_eq!(c.store.scylla.attempt_ttl, Duration::from_secs(7 * 86_400));
+        let rd = c.kafka.client_config();
+        assert_eq!(rd.get("bootstrap.servers"), Some("k1:9092,k2:9092"));
+        assert_eq!(rd.get("security.protocol"), Some("ssl"));
+        // Secrets never print.
+        let dbg = format!("{c:?}");
+        assert!(
+            !dbg.contains("op-token") && !dbg.contains("tenant-token") && !dbg.contains("AAAA")
+        );
+    }
+
+    #[test]
+    fn env_overrides_file_and_defaults() {
+        let c = load(
+            "[kafka]\nbootstrap_servers = \"file:9092\"\npartitions = 6\n",
+            &[
+                ("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", "env:9092"),
+                ("HOOKLINE_KAFKA__CLIENT__SECURITY_PROTOCOL", "ssl"),
+                ("HOOKLINE_KAFKA__CLIENT__LINGER_MS", "0"),
+                ("HOOKLINE_RETRY__TIERS", r#"["5s","1m"]"#),
+                ("HOOKLINE_RETRY__MULTIPLIER", "1.5"),
+                ("HOOKLINE_ADMIN__LISTEN", "0.0.0.0:9000"),
+                ("HOOKLINE_HTTP__DANGEROUS_ALLOW_HTTP", "true"),
+                ("HOOKLINE_STORE__SCYLLA__KEYSPACE", "\"ks2024\""),
+                ("HOOKLINE_STORE__SCYLLA__REPLICATION_FACTOR", "3"),
+                ("HOOKLINE_LOG", "debug"),
+                ("PATH", "/bin"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.kafka.bootstrap_servers, "env:9092");
+        assert_eq!(c.kafka.partitions, 6, "file value kept where env is silent");
+        assert_eq!(c.kafka.client["security.protocol"], "ssl");
+        assert_eq!(c.kafka.client["linger.ms"], "0");
+        assert_eq!(
+            c.retry.tiers,
+            [Duration::from_secs(5), Duration::from_secs(60)]
+        );
+        assert_eq!(c.retry.multiplier, 1.5);
+        assert_eq!(c.admin.listen.to_string(), "0.0.0.0:9000");
+        assert!(c.http.dangerous_allow_http);
+        assert_eq!(c.store.scylla.keyspace, "ks2024");
+        assert_eq!(c.store.scylla.replication_factor, 3);
+    }
+
+    #[test]
+    fn validation_messages_name_the_key_and_say_why() {
+        assert_eq!(
+            err("[retry]\ntiers = [\"5s\", \"30s\", \"0s\"]", &[]),
+            "retry.tiers[2] = \"0s\" must be greater than zero (set by test.toml)"
+        );
+        assert_eq!(
+            err("[kafka]\nbootstrap_server = \"x\"", &[]),
+            "unknown key kafka.bootstrap_server (did you mean bootstrap_servers?) (set by test.toml)"
+        );
+        assert_eq!(
+            err("", &[("HOOKLINE_KAFKA__BOOTSTRAP_SERVER", "x")]),
+            "unknown key kafka.bootstrap_server (did you mean bootstrap_servers?) (set by \
+             HOOKLINE_KAFKA__BOOTSTRAP_SERVER)"
+        );
+        assert_eq!(
+            err("[admin]\nlisten = \"x\"", &[]),
+            "admin.listen = \"x\" is not an address (ip:port, e.g. \"127.0.0.1:8080\") (set by test.toml)"
+        );
+        assert!(err("[nope]", &[]).starts_with("unknown key nope"));
+        let cases: &[(&str, &str)] = &[
+            (
+                "[retry]\ntiers = [\"5s\", \"5s\"]",
+                "retry.tiers[1] = \"5s\" must be greater than retry.tiers[0]",
+            ),
+            (
+                "[retry]\ntiers = [\"30s\", \"5s\"]",
+                "retry.tiers[1] = \"5s\" must be greater",
+            ),
+            (
+                "[retry]\ntiers = [\"8d\"]",
+                "retry.tiers[0] = \"8days\" must be at most 7d",
+            ),
+            (
+                "[retry]\ntiers = []",
+                "retry.tiers must list at least one tier",
+            ),
+            (
+                "[retry]\ntiers = [\"5s\", \"soon\"]",
+                "retry.tiers[1] = \"soon\" is not a duration",
+            ),
+            (
+                "[retry]\nbase = \"0s\"",
+                "retry.base must be greater than zero",
+            ),
+            (
+                "[retry]\nmultiplier = 0.5",
+                "retry.multiplier must be a finite number >= 1",
+            ),
+            (
+                "[retry]\ncap = \"1s\"",
+                "retry.cap (1s) must be at least retry.base",
+            ),
+            (
+                "[kafka]\npartitions = 0",
+                "kafka.partitions = 0 must be between 1 and 10000",
+            ),
+            (
+                "[kafka]\npartitions = \"x\"",
+                "kafka.partitions is wrong: invalid type: string \"x\"",
+            ),
+            (
+                "[kafka]\ninput_pattern = 'outbox'",
+                "kafka.input_pattern = \"outbox\" must start with ^",
+            ),
+            (
+                "[kafka]\ninput_pattern = '^outbox(('",
+                "kafka.input_pattern = \"^outbox((\" is not a valid regex",
+            ),
+            (
+                "[kafka]\ninput_pattern = '^hookline\\..*'",
+                "matches hookline's own topic \"hookline.deliveries\"",
+            ),
+            (
+                "[kafka]\ninput_topics = [\"hookline.dlq\"]",
+                "kafka.input_topics[0] = \"hookline.dlq\" is one of hookline's own topics",
+            ),
+            (
+                "[kafka]\ninput_topics = [\"bad topic\"]",
+                "kafka.input_topics[0] = \"bad topic\" is not a Kafka topic name",
+            ),
+            (
+                "[kafka.topics]\ndlq = \"hookline.deliveries\"",
+                "kafka.topics.dlq = \"hookline.deliveries\" is already used",
+            ),
+            (
+                "[kafka]\nbootstrap_servers = \"\"",
+                "kafka.bootstrap_servers must not be empty",
+            ),
+            (
+                "[delivery]\nmax_in_flight = 0",
+                "delivery.max_in_flight = 0 must be between 1 and",
+            ),
+            (
+                "[delivery]\npartition_max_in_flight = 4",
+                "delivery.partition_max_in_flight = 4 must be between",
+            ),
+            (
+                "[delivery]\nbreaker_cooldown = \"0s\"",
+                "delivery.breaker_cooldown = \"0s\" must be greater than zero",
+            ),
+            (
+                "[http]\ntotal_timeout = \"1s\"",
+                "http.total_timeout = \"1s\" must be at least http.connect_timeout",
+            ),
+            (
+                "[http]\nmax_payload_bytes = 2000000",
+                "http.max_payload_bytes = 2000000 must be between",
+            ),
+            (
+                "[http]\nallow_cidrs = [\"10.0.0.0/33\"]",
+                "http.allow_cidrs[0] = \"10.0.0.0/33\" is not a CIDR",
+            ),
+            (
+                "[http]\ndns_servers = [\"8.8.8.8\"]",
+                "http.dns_servers[0] = \"8.8.8.8\" is not an address",
+            ),
+            (
+                "[admin]\noperator_tokens = [\"short\"]",
+                "admin.operator_tokens[0] must be 16 to 1024 characters (got 5)",
+            ),
+            (
+                "[admin]\noperator_tokens = [\"0123456789abcdef\", \"0123456789abcdef\"]",
+                "admin.operator_tokens[1] repeats another admin token",
+            ),
+            (
+                "[metrics]\nlisten = \"127.0.0.1:8080\"",
+                "metrics.listen = \"127.0.0.1:8080\" is the same address as admin.listen",
+            ),
+            (
+                "[security]\nmaster_key = \"AAAA\"",
+                "security.master_key is wrong: is not usable: master key must be 32 bytes, got 3",
+            ),
+            (
+                "[store]\nkind = \"postgres\"",
+                "store.kind is wrong: unknown variant `postgres`",
+            ),
+            (
+                "[store.scylla]\nkeyspace = \"1ks\"",
+                "store.scylla.keyspace = \"1ks\" must be a letter",
+            ),
+            (
+                "[store.scylla]\nnodes = []",
+                "store.scylla.nodes must list at least one node",
+            ),
+            (
+                "[store.scylla]\nattempt_ttl = \"30y\"",
+                "store.scylla.attempt_ttl = \"30years\" must be between 1s and 20 years",
+            ),
+            ("[kafka", "config file test.toml is not valid TOML"),
+        ];
+        for (file, want) in cases {
+            let got = err(file, &[]);
+            assert!(
+                got.starts_with(want) || got.contains(want),
+                "{file:?}: got {got:?}, want {want:?}"
+            );
+        }
+        // Key material never appears in an error.
+        let key_err = err(
+            "[security]\nmaster_key = \"c2VjcmV0LWtleS1tYXRlcmlhbA==\"",
+            &[],
+        );
+        assert!(!key_err.contains("c2VjcmV0"), "{key_err}");
+    }
+
+    #[test]
+    fn env_errors_say_which_variable() {
+        assert_eq!(
+            err(
+                "[admin]\nlisten = \"127.0.0.1:1\"",
+                &[("HOOKLINE_ADMIN__LISTEN__PORT", "1")]
+            ),
+            "environment variable HOOKLINE_ADMIN__LISTEN__PORT: admin.listen is a value, not a section"
+        );
+        assert!(err("", &[("HOOKLINE_RETRY__TIERS", "[\"5s\"")]).contains("not valid TOML"));
+        assert_eq!(
+            err("", &[("HOOKLINE_ADMIN__LISTEN", "nowhere")]),
+            "admin.listen = \"nowhere\" is not an address (ip:port, e.g. \"127.0.0.1:8080\") (set by HOOKLINE_ADMIN__LISTEN)"
+        );
+        assert!(err("", &[("HOOKLINE_KAFKA____X", "1")]).contains("empty key segment"));
+        // A clash with a default is not blamed on the file.
+        assert_eq!(
+            err("[admin]\nlisten = \"127.0.0.1:9464\"", &[]),
+            "metrics.listen = \"127.0.0.1:9464\" is the same address as admin.listen"
+        );
+    }
+
+    #[test]
+    fn tier_names_are_short_and_exact() {
+        let n = |s| tier_name(Duration::from_millis(s));
+        assert_eq!(n(5_000), "5s");
+        assert_eq!(n(90_000), "90s");
+        assert_eq!(n(120_000), "2m");
+        assert_eq!(n(6 * 3_600_000), "6h");
+        assert_eq!(n(86_400_000), "1d");
+        assert_eq!(n(1_500), "1500ms");
+    }
+}

@@ -1,0 +1,364 @@
+//! The Kafka side of the registry: the materialiser that feeds an [`EndpointView`] from the
+//! compacted endpoints topic, and the writer that produces to it and waits for the view.
+//!
+//! The materialiser uses no consumer group: every instance needs every endpoint, so it
+//! `assign`s all partitions from the beginning and never joins a group or commits. "Caught up" means every
+//! partition has been read up to the high watermark it had at start (or reported end of
+//! partition, which also covers offsets removed by compaction). Partitions added to the topic
+//! later are picked up at the next restart.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{Applied, EndpointStore, EndpointView, RegistryError, encode};
+use crate::config::KafkaConfig;
+use crate::endpoint::Endpoint;
+use crate::id::EndpointId;
+use crate::sealed::MasterKey;
+
+/// How long metadata and watermark requests may take at start-up.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn kafka(e: KafkaError) -> RegistryError {
+    RegistryError::Kafka(e.to_string())
+}
+
+/// Starts the materialiser: reads the endpoints topic's partitions and their high watermarks,
+/// assigns every partition from the beginning, and spawns a task that applies records to
+/// `view` until `shutdown` is cancelled. Await `view.wait_caught_up(..)` before serving.
+pub async fn spawn_materializer(
+    config: &KafkaConfig,
+    view: Arc<EndpointView>,
+    shutdown: CancellationToken,
+) -> Result<JoinHandle<()>, RegistryError> {
+    let topic = config.topics.endpoints.clone();
+    let mut client = config.client_config();
+    // librdkafka refuses `assign` without a group id. This one is never joined (no subscribe)
+    // and never committed to; it is unique so no two instances ever share state through it.
+    client
+        .set(
+            "group.id",
+            format!("hookline-endpoint-view-{}", uuid::Uuid::new_v4().simple()),
+        )
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest");
+    let consumer: StreamConsumer = client.create().map_err(kafka)?;
+    let consumer = Arc::new(consumer);
+
+    // Metadata and watermark calls block; keep them off the async threads.
+    let (targets, consumer) = {
+        let topic = topic.clone();
+        tokio::task::spawn_blocking(move || -> Result<_, RegistryError> {
+            let md = consumer
+                .fetch_metadata(Some(&topic), METADATA_TIMEOUT)
+                .map_err(kafka)?;
+            let t = md
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic)
+                .ok_or_else(|| RegistryError::Kafka(format!("topic {topic} not in metadata")))?;
+            if let Some(e) = t.error() {
+                return Err(RegistryError::Kafka(format!(
+                    "endpoints topic {topic}: {} (create it with cleanup.policy=compact)",
+                    rdkafka::error::RDKafkaErrorCode::from(e)
+                )));
+            }
+            let mut targets = HashMap::new();
+            let mut tpl = TopicPartitionList::new();
+            for p in t.partitions() {
+                let (low, high) = consumer
+                    .fetch_watermarks(&topic, p.id(), METADATA_TIMEOUT)
+                    .map_err(kafka)?;
+                if high > low {
+                    targets.insert(p.id(), high);
+                }
+                tpl.add_partition_offset(&topic, p.id(), Offset::Beginning)
+                    .map_err(kafka)?;
+            }
+            consumer.assign(&tpl).map_err(kafka)?;
+            Ok((targets, consumer))
+        })
+        .await
+        .map_err(|e| RegistryError::Kafka(format!("metadata task failed: {e}")))??
+    };
+    tracing::info!(topic = %topic, partitions_with_data = targets.len(), "materialising endpoints");
+
+    Ok(tokio::spawn(materialise(consumer, view, targets, shutdown)))
+}
+
+async fn materialise(
+    consumer: Arc<StreamConsumer>,
+    view: Arc<EndpointView>,
+    mut pending: HashMap<i32, i64>,
+    shutdown: CancellationToken,
+) {
+    let caught_up = |pending: &HashMap<i32, i64>| {
+        if pending.is_empty() {
+            view.mark_caught_up();
+        }
+    };
+    caught_up(&pending);
+    let mut eof_seen: HashSet<i32> = HashSet::new();
+    loop {
+        let msg = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            msg = consumer.recv() => msg,
+        };
+        match msg {
+            Ok(m) => {
+                let (p, o) = (m.partition(), m.offset());
+                let applied = view.apply_at(p, o, m.key().unwrap_or_default(), m.payload());
+                if applied == Applied::Skipped {
+                    tracing::warn!(partition = p, offset = o, "endpoint record skipped");
+                }
+                if pending.get(&p).is_some_and(|&high| o + 1 >= high) {
+                    pending.remove(&p);
+                    caught_up(&pending);
+                }
+            }
+            Err(KafkaError::PartitionEOF(p)) => {
+                if eof_seen.insert(p) && pending.remove(&p).is_some() {
+                    caught_up(&pending);
+                }
+            }
+            Err(error) => {
+                // librdkafka retries by itself; a consumer error is reported, not fatal.
+                tracing::warn!(%error, "endpoints consumer error");
+            }
+        }
+    }
+    tracing::debug!("endpoint materialiser stopped");
+}
+
+/// Writes endpoints to the topic (key = id, `acks=all`, idempotent producer) and returns once
+/// this instance's view has applied the write.
+pub struct KafkaEndpointStore {
+    producer: FutureProducer,
+    topic: String,
+    view: Arc<EndpointView>,
+    key: MasterKey,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for KafkaEndpointStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaEndpointStore")
+            .field("topic", &self.topic)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaEndpointStore {
+    /// A writer for `config.topics.endpoints` whose writes are awaited in `view` (fed by
+    /// [`spawn_materializer`]); each put or delete fails after `timeout` overall.
+    pub fn new(
+        config: &KafkaConfig,
+        view: Arc<EndpointView>,
+        key: MasterKey,
+        timeout: Duration,
+    ) -> Result<KafkaEndpointStore, RegistryError> {
+        let mut client = config.client_config();
+        // An admin write is one record that someone waits for: do not hold it for a batch.
+        if client.get("linger.ms").is_none() {
+            client.set("linger.ms", "0");
+        }
+        client
+            .set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", timeout.as_millis().max(1).to_string());
+        Ok(KafkaEndpointStore {
+            producer: client.create().map_err(kafka)?,
+            topic: config.topics.endpoints.clone(),
+            view,
+            key,
+            timeout,
+        })
+    }
+
+    async fn produce(&self, id: &EndpointId, value: Option<&[u8]>) -> Result<(), RegistryError> {
+        let started = tokio::time::Instant::now();
+        let mut record = FutureRecord::<str, [u8]>::to(&self.topic).key(id.as_str());
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
+        let delivery = tokio::time::timeout(
+            self.timeout,
+            self.producer.send(record, Timeout::After(self.timeout)),
+        )
+        .await
+        .map_err(|_| RegistryError::Timeout {
+            what: "the broker to acknowledge the endpoint write",
+            waited: self.timeout,
+        })?
+        .map_err(|(e, _)| kafka(e))?;
+        let remaining = self.timeout.saturating_sub(started.elapsed());
+        self.view
+            .wait_for_offset(delivery.partition, delivery.offset, remaining)
+            .await
+    }
+}
+
+impl EndpointStore for KafkaEndpointStore {
+    fn view(&self) -> &Arc<EndpointView> {
+        &self.view
+    }
+
+    fn put<'a>(
+        &'a self,
+        endpoint: &'a Endpoint,
+    ) -> BoxFuture<'a, Result<Arc<Endpoint>, RegistryError>> {
+        Box::pin(async move {
+            endpoint.validate()?;
+            self.view.check_version(endpoint)?;
+            let bytes = encode(endpoint, &self.key);
+            self.produce(&endpoint.id, Some(&bytes)).await?;
+            // A delete racing behind this write may already have removed it; the caller still
+            // gets what it wrote.
+            Ok(self
+                .view
+                .get(&endpoint.id)
+                .unwrap_or_else(|| Arc::new(endpoint.clone())))
+        })
+    }
+
+    fn delete<'a>(&'a self, id: &'a EndpointId) -> BoxFuture<'a, Result<(), RegistryError>> {
+        Box::pin(async move { self.produce(id, None).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::endpoint;
+    use super::*;
+    use rdkafka::ClientConfig;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::FutureProducer;
+
+    const WAIT: Duration = Duration::from_secs(20);
+
+    fn config(bootstrap: &str) -> KafkaConfig {
+        let mut c = KafkaConfig {
+            bootstrap_servers: bootstrap.to_owned(),
+            ..KafkaConfig::default()
+        };
+        c.client.insert("linger.ms".into(), "0".into());
+        c
+    }
+
+    async fn raw_produce(bootstrap: &str, topic: &str, key: &[u8], value: Option<&[u8]>) {
+        let p: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("linger.ms", "0")
+            .create()
+            .unwrap();
+        let mut r = FutureRecord::<[u8], [u8]>::to(topic).key(key);
+        if let Some(v) = value {
+            r = r.payload(v);
+        }
+        p.send(r, Timeout::After(WAIT)).await.unwrap();
+    }
+
+    // The mock cluster is not Send: it stays on this test's thread (current-thread runtime).
+    #[tokio::test]
+    async fn put_get_delete_and_a_late_view_materialises_the_same_state() {
+        let mock = MockCluster::new(1).unwrap();
+        let topic = "hookline.endpoints";
+        mock.create_topic(topic, 3, 1).unwrap();
+        let bootstrap = mock.bootstrap_servers();
+        let cfg = config(&bootstrap);
+        let key = MasterKey::generate();
+        let shutdown = CancellationToken::new();
+
+        let view = Arc::new(EndpointView::new(key.clone()));
+        let task = spawn_materializer(&cfg, Arc::clone(&view), shutdown.clone())
+            .await
+            .unwrap();
+        view.wait_caught_up(WAIT).await.unwrap();
+        let store = KafkaEndpointStore::new(&cfg, Arc::clone(&view), key.clone(), WAIT).unwrap();
+
+        let a = endpoint("acme");
+        let b = endpoint("acme");
+        let c = endpoint("globex");
+        for e in [&a, &b, &c] {
+            let got = store.put(e).await.unwrap();
+            assert_eq!(*got, *e);
+        }
+        // Visible as soon as put returns: the writer waited for its own view.
+        assert_eq!(*view.get(&b.id).unwrap(), b);
+        assert_eq!(view.list(&a.tenant).len(), 2);
+
+        let mut b2 = b.clone();
+        b2.disable(crate::endpoint::DISABLED_GONE, std::time::SystemTime::now());
+        store.put(&b2).await.unwrap();
+        assert!(!view.get(&b.id).unwrap().enabled);
+        store.delete(&c.id).await.unwrap();
+        assert!(view.get(&c.id).is_none());
+
+        // Garbage and a tombstone for an unknown id written by someone else are survived.
+        raw_produce(
+            &bootstrap,
+            topic,
+            a.id.as_str().as_bytes(),
+            Some(b"{garbage"),
+        )
+        .await;
+        raw_produce(&bootstrap, topic, b"ep_unknown", None).await;
+        // A write after them proves the view has moved past them.
+        let d = endpoint("initech");
+        store.put(&d).await.unwrap();
+        assert_eq!(*view.get(&a.id).unwrap(), a, "malformed record skipped");
+
+        // A second instance started now reads the same state from the beginning.
+        let late = Arc::new(EndpointView::new(key.clone()));
+        let late_task = spawn_materializer(&cfg, Arc::clone(&late), shutdown.clone())
+            .await
+            .unwrap();
+        late.wait_caught_up(WAIT).await.unwrap();
+        let ids = |v: &EndpointView| v.all().iter().map(|e| (**e).clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&late), ids(&view));
+        assert_eq!(late.len(), 3);
+        assert!(!late.get(&b.id).unwrap().enabled);
+        assert!(late.get(&c.id).is_none());
+
+        shutdown.cancel();
+        task.await.unwrap();
+        late_task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_empty_topic_is_caught_up_at_once_and_a_missing_one_is_an_error() {
+        let mock = MockCluster::new(1).unwrap();
+        mock.create_topic("hookline.endpoints", 2, 1).unwrap();
+        let cfg = config(&mock.bootstrap_servers());
+        let shutdown = CancellationToken::new();
+        let view = Arc::new(EndpointView::new(MasterKey::generate()));
+        let task = spawn_materializer(&cfg, Arc::clone(&view), shutdown.clone())
+            .await
+            .unwrap();
+        view.wait_caught_up(WAIT).await.unwrap();
+        assert!(view.is_empty());
+        shutdown.cancel();
+        task.await.unwrap();
+
+        let mut missing = cfg.clone();
+        missing.topics.endpoints = "no.such.topic".into();
+        let err = spawn_materializer(&missing, view, CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("no.such.topic"), "{err}");
+    }
+}

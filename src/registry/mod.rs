@@ -1,0 +1,532 @@
+//! The endpoint registry: every instance's materialised view of the compacted endpoints topic.
+//!
+//! [`EndpointView`] is the in-memory map (endpoint id → opened [`Endpoint`]) that the fan-out's
+//! subscription index, the delivery workers and the admin API read. Records are applied to it
+//! in topic order; a malformed record is logged and skipped, never a crash, and a tombstone
+//! deletes. Readers learn of changes through a `watch` of [`ViewStatus`] (a sequence number that
+//! moves on every applied record, and whether the start-up backlog has been read).
+//!
+//! Writes go through an [`EndpointStore`]: [`kafka::KafkaEndpointStore`] produces to the topic and
+//! waits until this instance's own view has applied that offset, so the admin API answers only
+//! with what every later read on this instance will see; [`MemoryEndpointStore`] applies directly
+//! (tests and `hookline dev` without Kafka). [`kafka::spawn_materializer`] feeds the view from
+//! the topic.
+
+pub mod kafka;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::watch;
+
+use crate::endpoint::{Endpoint, EndpointRecord};
+use crate::id::{EndpointId, Tenant};
+use crate::sealed::MasterKey;
+
+/// Longest endpoint record value the view accepts; larger ones are skipped as malformed (a
+/// valid endpoint is a few tens of KiB at most).
+pub const MAX_RECORD_BYTES: usize = 1 << 20;
+
+/// What went wrong writing to or waiting on the registry.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// Waited too long (for the broker's acknowledgement or for the view to catch up).
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout {
+        /// What was awaited.
+        what: &'static str,
+        /// How long.
+        waited: Duration,
+    },
+    /// The view already holds this endpoint at the same or a newer version: someone else wrote
+    /// it first.
+    #[error("endpoint {id} is at version {current}; the write carried version {attempted}")]
+    Conflict {
+        /// The endpoint.
+        id: EndpointId,
+        /// The version the view holds.
+        current: u64,
+        /// The version the write carried.
+        attempted: u64,
+    },
+    /// The endpoint is not valid (checked again before it is written).
+    #[error(transparent)]
+    Invalid(#[from] crate::endpoint::EndpointError),
+    /// Kafka refused or failed.
+    #[error("kafka: {0}")]
+    Kafka(String),
+    /// The view's sender is gone (the process is shutting down).
+    #[error("the endpoint view is closed")]
+    Closed,
+}
+
+/// What applying one record did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// An endpoint was inserted or replaced.
+    Upserted,
+    /// A tombstone removed an endpoint (or found none to remove).
+    Deleted,
+    /// The record was malformed or its secrets did not open; it was logged and skipped.
+    Skipped,
+}
+
+/// The view's progress, published on every applied record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ViewStatus {
+    /// Moves by one on every applied record (including skipped ones).
+    pub seq: u64,
+    /// The backlog present at start-up has been read.
+    pub caught_up: bool,
+}
+
+#[derive(Default)]
+struct State {
+    endpoints: HashMap<EndpointId, Arc<Endpoint>>,
+    /// Per partition, the offset after the last applied record.
+    next_offsets: HashMap<i32, i64>,
+}
+
+/// The thread-safe materialised view of the endpoints topic. Locks are never held across an
+/// await.
+pub struct EndpointView {
+    key: MasterKey,
+    state: RwLock<State>,
+    status: watch::Sender<ViewStatus>,
+}
+
+impl std::fmt::Debug for EndpointView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointView")
+            .field("endpoints", &self.len())
+            .field("status", &*self.status.borrow())
+            .finish()
+    }
+}
+
+impl EndpointView {
+    /// An empty view that opens secrets with `key`.
+    pub fn new(key: MasterKey) -> EndpointView {
+        EndpointView {
+            key,
+            state: RwLock::new(State::default()),
+            status: watch::Sender::new(ViewStatus::default()),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        // A panic while holding the lock cannot leave the map half-updated (each update is one
+        // insert or remove), so a poisoned lock is still consistent.
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies one record without a position (the in-memory store, tests).
+    pub fn apply(&self, key: &[u8], value: Option<&[u8]>) -> Applied {
+        self.apply_inner(None, key, value)
+    }
+
+    /// Applies the record at (`partition`, `offset`) of the endpoints topic and records the
+    /// position, so writers waiting for it are released.
+    pub fn apply_at(
+        &self,
+        partition: i32,
+        offset: i64,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Applied {
+        self.apply_inner(Some((partition, offset)), key, value)
+    }
+
+    fn apply_inner(&self, at: Option<(i32, i64)>, key: &[u8], value: Option<&[u8]>) -> Applied {
+        let parsed = self.decode(key, value);
+        {
+            let mut state = self.write();
+            if let Some((partition, offset)) = at {
+                let next = state.next_offsets.entry(partition).or_insert(0);
+                *next = (*next).max(offset + 1);
+            }
+            match &parsed {
+                Decoded::Upsert(endpoint) => {
+                    state
+                        .endpoints
+                        .insert(endpoint.id.clone(), Arc::clone(endpoint));
+                }
+                Decoded::Delete(id) => {
+                    state.endpoints.remove(id);
+                }
+                Decoded::Skip => {}
+            }
+        }
+        self.status.send_modify(|s| s.seq += 1);
+        match parsed {
+            Decoded::Upsert(_) => Applied::Upserted,
+            Decoded::Delete(_) => Applied::Deleted,
+            Decoded::Skip => Applied::Skipped,
+        }
+    }
+
+    /// Parses and opens a record outside the lock (opening secrets is the slow part).
+    fn decode(&self, key: &[u8], value: Option<&[u8]>) -> Decoded {
+        let id = match std::str::from_utf8(key)
+            .ok()
+            .and_then(|k| EndpointId::parse(k).ok())
+        {
+            Some(id) => id,
+            None => {
+                tracing::warn!(
+                    key_len = key.len(),
+                    "skipping endpoint record with an invalid key"
+                );
+                return Decoded::Skip;
+            }
+        };
+        let Some(value) = value else {
+            return Decoded::Delete(id);
+        };
+        if value.len() > MAX_RECORD_BYTES {
+            tracing::warn!(endpoint = %id, bytes = value.len(), "skipping oversized endpoint record");
+            return Decoded::Skip;
+        }
+        let record: EndpointRecord = match serde_json::from_slice(value) {
+            Ok(r) => r,
+            Err(error) => {
+                tracing::warn!(endpoint = %id, %error, "skipping malformed endpoint record");
+                return Decoded::Skip;
+            }
+        };
+        if record.id != id {
+            tracing::warn!(endpoint = %id, body_id = %record.id, "skipping endpoint record whose body names another id");
+            return Decoded::Skip;
+        }
+        match record.open(&self.key) {
+            Ok(endpoint) => Decoded::Upsert(Arc::new(endpoint)),
+            Err(error) => {
+                // Usually the wrong master key: the previous state is kept rather than lost.
+                tracing::error!(endpoint = %id, %error, "skipping endpoint record that does not open");
+                Decoded::Skip
+            }
+        }
+    }
+
+    /// The endpoint with this id.
+    pub fn get(&self, id: &EndpointId) -> Option<Arc<Endpoint>> {
+        self.read().endpoints.get(id).cloned()
+    }
+
+    /// A tenant's endpoints, ordered by id (ids sort by creation).
+    pub fn list(&self, tenant: &Tenant) -> Vec<Arc<Endpoint>> {
+        let mut v: Vec<_> = self
+            .read()
+            .endpoints
+            .values()
+            .filter(|e| &e.tenant == tenant)
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    /// Every endpoint, ordered by id (for rebuilding the subscription index).
+    pub fn all(&self) -> Vec<Arc<Endpoint>> {
+        let mut v: Vec<_> = self.read().endpoints.values().cloned().collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    /// How many endpoints the view holds.
+    pub fn len(&self) -> usize {
+        self.read().endpoints.len()
+    }
+
+    /// Whether the view holds no endpoints.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The offset after the last record applied from `partition`.
+    pub fn next_offset(&self, partition: i32) -> Option<i64> {
+        self.read().next_offsets.get(&partition).copied()
+    }
+
+    /// Change notifications: the receiver sees the latest [`ViewStatus`].
+    pub fn subscribe(&self) -> watch::Receiver<ViewStatus> {
+        self.status.subscribe()
+    }
+
+    /// The current status.
+    pub fn status(&self) -> ViewStatus {
+        *self.status.borrow()
+    }
+
+    /// Declares the start-up backlog read (the materialiser calls it).
+    pub fn mark_caught_up(&self) {
+        self.status
+            .send_if_modified(|s| !std::mem::replace(&mut s.caught_up, true));
+    }
+
+    /// Waits until the start-up backlog has been read.
+    pub async fn wait_caught_up(&self, timeout: Duration) -> Result<(), RegistryError> {
+        self.wait_until("the endpoint view to catch up", timeout, |s, _| s.caught_up)
+            .await
+    }
+
+    /// Waits until the record at (`partition`, `offset`) has been applied.
+    pub async fn wait_for_offset(
+        &self,
+        partition: i32,
+        offset: i64,
+        timeout: Duration,
+    ) -> Result<(), RegistryError> {
+        self.wait_until(
+            "the endpoint view to apply the write",
+            timeout,
+            |_, view| view.next_offset(partition).is_some_and(|n| n > offset),
+        )
+        .await
+    }
+
+    async fn wait_until(
+        &self,
+        what: &'static str,
+        timeout: Duration,
+        done: impl Fn(&ViewStatus, &EndpointView) -> bool,
+    ) -> Result<(), RegistryError> {
+        let mut rx = self.subscribe();
+        let wait = async {
+            loop {
+                let status = *rx.borrow_and_update();
+                if done(&status, self) {
+                    return Ok(());
+                }
+                rx.changed().await.map_err(|_| RegistryError::Closed)?;
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| RegistryError::Timeout {
+                what,
+                waited: timeout,
+            })?
+    }
+
+    /// Refuses a write that does not move the endpoint's version forward.
+    fn check_version(&self, endpoint: &Endpoint) -> Result<(), RegistryError> {
+        match self.get(&endpoint.id) {
+            Some(current) if current.version >= endpoint.version => Err(RegistryError::Conflict {
+                id: endpoint.id.clone(),
+                current: current.version,
+                attempted: endpoint.version,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+enum Decoded {
+    Upsert(Arc<Endpoint>),
+    Delete(EndpointId),
+    Skip,
+}
+
+/// Serialises an endpoint's stored form: secrets sealed under `key`.
+pub fn encode(endpoint: &Endpoint, key: &MasterKey) -> Vec<u8> {
+    serde_json::to_vec(&endpoint.seal(key)).expect("an endpoint record always serialises")
+}
+
+/// Where endpoint writes go. Implemented over Kafka and in memory; object-safe so the admin
+/// API can hold an `Arc<dyn EndpointStore>`.
+pub trait EndpointStore: Send + Sync {
+    /// The view this store's writes become visible in.
+    fn view(&self) -> &Arc<EndpointView>;
+
+    /// Writes an endpoint (its `version` must be newer than the view's) and returns it once the
+    /// view shows it.
+    fn put<'a>(
+        &'a self,
+        endpoint: &'a Endpoint,
+    ) -> BoxFuture<'a, Result<Arc<Endpoint>, RegistryError>>;
+
+    /// Deletes an endpoint (a tombstone) and returns once the view no longer shows it.
+    fn delete<'a>(&'a self, id: &'a EndpointId) -> BoxFuture<'a, Result<(), RegistryError>>;
+}
+
+/// The in-memory store: writes go straight into the view through the same encode/apply path
+/// as Kafka records, so sealing and validation behave identically.
+#[derive(Debug)]
+pub struct MemoryEndpointStore {
+    view: Arc<EndpointView>,
+    key: MasterKey,
+}
+
+impl MemoryEndpointStore {
+    /// A store with an empty, caught-up view.
+    pub fn new(key: MasterKey) -> MemoryEndpointStore {
+        let view = Arc::new(EndpointView::new(key.clone()));
+        view.mark_caught_up();
+        MemoryEndpointStore { view, key }
+    }
+}
+
+impl EndpointStore for MemoryEndpointStore {
+    fn view(&self) -> &Arc<EndpointView> {
+        &self.view
+    }
+
+    fn put<'a>(
+        &'a self,
+        endpoint: &'a Endpoint,
+    ) -> BoxFuture<'a, Result<Arc<Endpoint>, RegistryError>> {
+        Box::pin(async move {
+            endpoint.validate()?;
+            self.view.check_version(endpoint)?;
+            let bytes = encode(endpoint, &self.key);
+            match self
+                .view
+                .apply(endpoint.id.as_str().as_bytes(), Some(&bytes))
+            {
+                Applied::Upserted => self.view.get(&endpoint.id).ok_or(RegistryError::Closed),
+                other => unreachable!("a validated endpoint always applies, got {other:?}"),
+            }
+        })
+    }
+
+    fn delete<'a>(&'a self, id: &'a EndpointId) -> BoxFuture<'a, Result<(), RegistryError>> {
+        Box::pin(async move {
+            self.view.apply(id.as_str().as_bytes(), None);
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint::{CreateEndpoint, PatchEndpoint};
+    use std::time::SystemTime;
+
+    pub(crate) fn endpoint(tenant: &str) -> Endpoint {
+        let req: CreateEndpoint = serde_json::from_value(serde_json::json!({
+            "tenant": tenant, "url": "https://example.com/hook", "event_types": ["order.*"]
+        }))
+        .unwrap();
+        Endpoint::create(req, SystemTime::now()).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_store_put_get_list_delete() {
+        let key = MasterKey::generate();
+        let store = MemoryEndpointStore::new(key);
+        let view = Arc::clone(store.view());
+        let mut rx = view.subscribe();
+        let a = endpoint("acme");
+        let b = endpoint("acme");
+        let c = endpoint("globex");
+        for e in [&a, &b, &c] {
+            store.put(e).await.unwrap();
+        }
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(rx.borrow_and_update().seq, 3);
+        assert_eq!(
+            *view.get(&a.id).unwrap(),
+            a,
+            "secrets survive seal and open"
+        );
+        let acme: Vec<_> = view
+            .list(&Tenant::parse("acme").unwrap())
+            .iter()
+            .map(|e| e.id.clone())
+            .collect();
+        assert_eq!(acme, vec![a.id.clone(), b.id.clone()]);
+        // A stale version is refused; a bumped one is accepted.
+        assert!(matches!(
+            store.put(&a).await,
+            Err(RegistryError::Conflict { current: 1, .. })
+        ));
+        let mut a2 = a.clone();
+        a2.apply_patch(
+            PatchEndpoint {
+                enabled: Some(false),
+                ..Default::default()
+            },
+            SystemTime::now(),
+        )
+        .unwrap();
+        assert_eq!(store.put(&a2).await.unwrap().version, 2);
+        store.delete(&a.id).await.unwrap();
+        assert!(view.get(&a.id).is_none());
+        assert_eq!(view.len(), 2);
+    }
+
+    #[test]
+    fn malformed_records_and_tombstones() {
+        let key = MasterKey::generate();
+        let view = EndpointView::new(key.clone());
+        let e = endpoint("acme");
+        let id = e.id.as_str().as_bytes();
+        assert_eq!(
+            view.apply_at(0, 0, id, Some(&encode(&e, &key))),
+            Applied::Upserted
+        );
+        assert_eq!(
+            view.apply_at(0, 1, id, Some(b"{not json")),
+            Applied::Skipped
+        );
+        assert_eq!(view.apply_at(0, 2, b"", Some(b"{}")), Applied::Skipped);
+        assert_eq!(view.apply_at(0, 3, &[0xff, 0xfe], None), Applied::Skipped);
+        // Body naming another id.
+        assert_eq!(
+            view.apply_at(0, 4, b"ep_other", Some(&encode(&e, &key))),
+            Applied::Skipped
+        );
+        // Sealed under another key: skipped, the previous state kept.
+        let foreign = encode(&e, &MasterKey::generate());
+        assert_eq!(view.apply_at(0, 5, id, Some(&foreign)), Applied::Skipped);
+        assert_eq!(*view.get(&e.id).unwrap(), e);
+        assert_eq!(view.next_offset(0), Some(6));
+        assert_eq!(view.apply_at(0, 6, id, None), Applied::Deleted);
+        assert!(view.get(&e.id).is_none());
+        assert_eq!(
+            view.apply_at(0, 7, id, None),
+            Applied::Deleted,
+            "tombstone for nothing"
+        );
+        assert_eq!(view.status().seq, 8);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_release_on_apply_and_time_out_otherwise() {
+        let key = MasterKey::generate();
+        let view = Arc::new(EndpointView::new(key.clone()));
+        let err = view
+            .wait_for_offset(3, 10, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RegistryError::Timeout { .. }), "{err}");
+        assert!(view.wait_caught_up(Duration::from_secs(1)).await.is_err());
+
+        let e = endpoint("acme");
+        let bytes = encode(&e, &key);
+        let waiter = {
+            let view = Arc::clone(&view);
+            tokio::spawn(async move { view.wait_for_offset(3, 10, Duration::from_secs(5)).await })
+        };
+        tokio::task::yield_now().await;
+        view.apply_at(3, 9, e.id.as_str().as_bytes(), Some(&bytes));
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "offset 9 does not satisfy a wait for 10"
+        );
+        view.apply_at(3, 10, e.id.as_str().as_bytes(), Some(&bytes));
+        waiter.await.unwrap().unwrap();
+
+        view.mark_caught_up();
+        view.wait_caught_up(Duration::from_secs(1)).await.unwrap();
+    }
+}
