@@ -20,6 +20,7 @@ use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::FutureProducer;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::tier_name;
 use crate::record::DeliveryRecord;
 use crate::stage::{Outgoing, RebalanceEvent, Settlements, StageConsumer, Tp, produce_until_acked};
 
@@ -38,11 +39,6 @@ pub struct Tier {
 #[derive(Debug, Clone)]
 pub struct Tiers {
     tiers: Vec<Tier>,
-}
-
-/// The short name of a tier's delay: `500ms`, `5s`, `2m`, `1h`, `1h30m`.
-pub fn tier_name(d: Duration) -> String {
-    humantime::format_duration(d).to_string().replace(' ', "")
 }
 
 impl Tiers {
@@ -264,7 +260,5 @@ mod tests {
         assert_eq!(tiers.for_delay(s(30)).name, "30s");
         assert_eq!(tiers.for_delay(s(7199)).name, "1h");
         assert_eq!(tiers.for_delay(s(86400)).name, "6h");
-        assert_eq!(tier_name(Duration::from_millis(500)), "500ms");
-        assert_eq!(tier_name(s(5400)), "1h30m");
     }
 }
