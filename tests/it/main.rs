@@ -1,6 +1,7 @@
 //! hookline's integration tests: one binary, shared support in `support`.
 
 mod send;
+mod services;
 mod signing;
 mod ssrf;
 mod support;

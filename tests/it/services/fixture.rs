@@ -1,0 +1,142 @@
+//! Where the real servers are and how tests reach them.
+//!
+//! A test that needs a server calls its `require_*` function first. A server that does not
+//! answer fails the test at once with the command that starts it: these tests never pass, skip or
+//! hang because a server is missing. Addresses can be moved with `HOOKLINE_TEST_*` variables (for
+//! servers that `tests/services` did not start).
+
+#![allow(dead_code)] // Each test module uses its own part of the fixtures.
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use tokio::net::TcpStream;
+use uuid::Uuid;
+
+/// How long a reachability probe waits: the servers are local, so a slow answer means down.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn address(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
+async fn require(server: &str, addr: &str) {
+    let reachable = matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    );
+    assert!(
+        reachable,
+        "{server} is not reachable at {addr}: run `tests/services up` (see `tests/services status`)"
+    );
+}
+
+/// Bootstrap servers of the Kafka broker, once it answers.
+pub async fn require_kafka() -> String {
+    let addr = address("HOOKLINE_TEST_KAFKA", "127.0.0.1:9092");
+    require("Kafka", &addr).await;
+    addr
+}
+
+/// Contact point of the CQL node (Cassandra here, ScyllaDB in production), once it answers.
+pub async fn require_cql() -> String {
+    let addr = address("HOOKLINE_TEST_CQL", "127.0.0.1:9042");
+    require("Cassandra (CQL)", &addr).await;
+    addr
+}
+
+/// tokio-postgres connection string of the `hookline` database, once PostgreSQL answers.
+pub async fn require_postgres() -> String {
+    let addr = address("HOOKLINE_TEST_POSTGRES", "127.0.0.1:5432");
+    require("PostgreSQL", &addr).await;
+    let (host, port) = addr
+        .rsplit_once(':')
+        .expect("HOOKLINE_TEST_POSTGRES is host:port");
+    format!("host={host} port={port} user=postgres dbname=hookline connect_timeout=3")
+}
+
+/// REST address of the Kafka Connect worker that runs Debezium's outbox route, once it answers.
+pub async fn require_connect() -> String {
+    let addr = address("HOOKLINE_TEST_CONNECT", "127.0.0.1:8083");
+    require("Kafka Connect (Debezium outbox route)", &addr).await;
+    addr
+}
+
+/// A name no other test run uses, safe for topics, groups and CQL keyspaces.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", Uuid::new_v4().simple())
+}
+
+/// Client settings every test client shares: short timeouts, so that a broken server fails a
+/// test in seconds, and no batching delay.
+pub fn kafka_config(bootstrap: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("socket.timeout.ms", "10000")
+        .set("message.timeout.ms", "15000")
+        .set("linger.ms", "0");
+    config
+}
+
+/// Creates topics the tests own; the broker refuses to auto-create them, as production does.
+pub struct Topics {
+    admin: AdminClient<DefaultClientContext>,
+    names: Vec<String>,
+}
+
+impl Topics {
+    /// Creates each named topic with `partitions` partitions and one replica.
+    pub async fn create(bootstrap: &str, names: &[&str], partitions: i32) -> Topics {
+        let admin: AdminClient<DefaultClientContext> = kafka_config(bootstrap)
+            .create()
+            .expect("Kafka admin client");
+        let new: Vec<NewTopic<'_>> = names
+            .iter()
+            .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
+            .collect();
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        for result in admin
+            .create_topics(&new, &opts)
+            .await
+            .expect("CreateTopics")
+        {
+            if let Err((topic, err)) = result {
+                panic!("creating topic {topic}: {err}");
+            }
+        }
+        Topics {
+            admin,
+            names: names.iter().map(|n| (*n).to_owned()).collect(),
+        }
+    }
+
+    /// Takes charge of topics something else created (Debezium's outbox route), to delete them.
+    pub fn adopt(bootstrap: &str, names: &[&str]) -> Topics {
+        Topics {
+            admin: kafka_config(bootstrap)
+                .create()
+                .expect("Kafka admin client"),
+            names: names.iter().map(|n| (*n).to_owned()).collect(),
+        }
+    }
+
+    /// Deletes the topics. Tests call it at their end; a failed test leaves its uniquely named
+    /// topics behind, which harms no other run.
+    pub async fn delete(self) {
+        let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        for result in self
+            .admin
+            .delete_topics(&names, &opts)
+            .await
+            .expect("DeleteTopics")
+        {
+            if let Err((topic, err)) = result {
+                panic!("deleting topic {topic}: {err}");
+            }
+        }
+    }
+}
