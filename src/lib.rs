@@ -31,6 +31,8 @@
 //! - [`subscription`]: event-type filters and the per-tenant index the fan-out queries.
 //! - [`delay_tier`]: retry tiers: which tier a delay goes to, and the stage that holds each
 //!   tier partition's head until due, then forwards it to the deliveries topic.
+//! - [`deliver`]: the delivery stage: per-endpoint lanes, sign, send, classify, log, settle;
+//!   parking into delay tiers; DLQ records.
 //! - [`stage`]: what every Kafka stage shares: rebalance events, settled-offset tracking and
 //!   storing, partition flow control, produce-until-acknowledged.
 //! - [`config`]: the one typed, layered configuration (defaults < `--config` TOML < `HOOKLINE_*`
@@ -47,6 +49,7 @@ pub mod breaker;
 pub mod cli;
 pub mod config;
 pub mod delay_tier;
+pub mod deliver;
 pub mod endpoint;
 pub mod id;
 pub mod input;

@@ -68,11 +68,17 @@ pub enum DeadReason {
     InvalidUrl,
     /// Retries were still warranted, but the total window since the first attempt is spent.
     WindowExhausted,
+    /// The endpoint was deleted while the delivery was pending.
+    EndpointDeleted,
+    /// The endpoint is disabled (by its owner, or after a 410).
+    EndpointDisabled,
+    /// The endpoint has no active signing secret, so nothing may be sent.
+    NoSigningKey,
 }
 
 impl DeadReason {
     /// Every reason, in a fixed order (for metrics pre-registration and tests).
-    pub const ALL: [DeadReason; 7] = [
+    pub const ALL: [DeadReason; 10] = [
         DeadReason::HttpStatus,
         DeadReason::Redirect,
         DeadReason::Gone,
@@ -80,6 +86,9 @@ impl DeadReason {
         DeadReason::InsecureScheme,
         DeadReason::InvalidUrl,
         DeadReason::WindowExhausted,
+        DeadReason::EndpointDeleted,
+        DeadReason::EndpointDisabled,
+        DeadReason::NoSigningKey,
     ];
 
     /// The stable string form.
@@ -92,6 +101,9 @@ impl DeadReason {
             DeadReason::InsecureScheme => "insecure_scheme",
             DeadReason::InvalidUrl => "invalid_url",
             DeadReason::WindowExhausted => "window_exhausted",
+            DeadReason::EndpointDeleted => "endpoint_deleted",
+            DeadReason::EndpointDisabled => "endpoint_disabled",
+            DeadReason::NoSigningKey => "no_signing_key",
         }
     }
 

@@ -220,16 +220,22 @@ impl FromStr for Ed25519SigningKey {
     type Err = KeyParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bytes = decode_key(s, WHSK)?;
+        Self::from_bytes(&decode_key(s, WHSK)?)
+    }
+}
+
+impl Ed25519SigningKey {
+    /// A key from its raw bytes: a 32-byte seed or a 64-byte key pair (seed then public key).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, KeyParseError> {
         let key = match bytes.len() {
             32 => {
                 let mut seed = Zeroizing::new([0u8; 32]);
-                seed.copy_from_slice(&bytes);
+                seed.copy_from_slice(bytes);
                 ed25519_dalek::SigningKey::from_bytes(&seed)
             }
             64 => {
                 let mut pair = Zeroizing::new([0u8; 64]);
-                pair.copy_from_slice(&bytes);
+                pair.copy_from_slice(bytes);
                 ed25519_dalek::SigningKey::from_keypair_bytes(&pair)
                     .map_err(|_| KeyParseError::KeypairMismatch)?
             }

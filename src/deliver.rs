@@ -1,0 +1,741 @@
+//! The delivery stage: consumes `hookline.deliveries` (group `hookline-deliver`), and for each
+//! record signs, sends, classifies, logs the attempt and settles it.
+//!
+//! Records of one partition are dispatched to per-endpoint lanes and complete out of order; the
+//! partition's offset advances only over the settled prefix. A lane holds a short bounded queue;
+//! when that is full, or the endpoint's breaker is open, records are parked durably in a delay
+//! tier (without spending retry budget), so healthy endpoints never wait behind a sick one.
+//!
+//! Settled means: the attempt row is durable in the store AND the follow-up record (a retry in a
+//! delay tier, or the DLQ record) is acknowledged by the broker; or a parked copy is
+//! acknowledged. Nothing else moves the offset.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use rand::SeedableRng;
+use rdkafka::Message;
+use rdkafka::producer::FutureProducer;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use url::Url;
+
+use crate::attempt::{Attempt, AttemptResult, ErrorClass};
+use crate::breaker::{self, Transition};
+use crate::delay_tier::Tiers;
+use crate::endpoint::{Endpoint, SecretKind};
+use crate::id::EndpointId;
+use crate::lane::{LaneConfig, Lanes, LanesConfig, Permit, Refusal};
+use crate::record::{DeadInfo, DeliveryRecord, UnixMillis};
+use crate::registry::{EndpointStore, EndpointView};
+use crate::retry_policy::{DeadReason, Decision, RetryPolicy, classify};
+use crate::sender::{OutboundRequest, Sender};
+use crate::signing::{Ed25519SigningKey, Signer, SignerKey, SigningKey, SigningSecret};
+use crate::stage::{Outgoing, RebalanceEvent, Settlements, StageConsumer, Tp, produce_until_acked};
+use crate::storage::{AttemptOutcome, AttemptRow, DeliveryStore};
+use crate::telemetry::{self, ParkReason};
+
+/// Header receivers see on replayed deliveries: the replay's id.
+pub const REPLAY_HEADER: &str = "hookline-replay-id";
+/// Header receivers see with the attempt number (1-based, per window).
+pub const ATTEMPT_HEADER: &str = "hookline-attempt";
+
+/// Everything the delivery stage works with.
+pub struct DeliverDeps {
+    /// The materialised endpoints.
+    pub endpoints: Arc<EndpointView>,
+    /// Writes endpoint changes (disabling after a 410).
+    pub endpoint_writer: Arc<dyn EndpointStore>,
+    /// The attempt log.
+    pub store: Arc<dyn DeliveryStore>,
+    /// The outbound HTTP client.
+    pub sender: Sender,
+    /// Classification and backoff.
+    pub policy: RetryPolicy,
+    /// Delay tiers for retries and parking.
+    pub tiers: Arc<Tiers>,
+    /// The DLQ topic.
+    pub dlq_topic: Arc<str>,
+    /// Where undecodable records go.
+    pub invalid_topic: Arc<str>,
+    /// Lane and breaker settings.
+    pub lanes: LanesConfig,
+    /// Concurrency ceiling for endpoints that set none.
+    pub default_max_in_flight: u32,
+    /// Records held per partition before it is paused.
+    pub max_window: usize,
+    /// Records queued per endpoint before new ones are parked.
+    pub lane_queue: usize,
+    /// How long in-flight attempts may take to finish after shutdown starts.
+    pub drain_deadline: Duration,
+}
+
+/// A record waiting in its endpoint's lane queue.
+struct Queued {
+    tp: Tp,
+    offset: i64,
+    record: DeliveryRecord,
+    endpoint: Arc<Endpoint>,
+}
+
+/// What an attempt task reports back to the stage loop.
+struct Done {
+    tp: Tp,
+    offset: i64,
+    permit: Permit,
+    health: Option<breaker::Outcome>,
+    disable: Option<EndpointId>,
+    settled: bool,
+}
+
+/// What follows one attempt.
+pub struct AttemptReport {
+    /// The record to produce before settling (a retry or the DLQ record).
+    pub follow_up: Option<Outgoing>,
+    /// The attempt's health signal for the breaker and the lane.
+    pub health: Option<breaker::Outcome>,
+    /// The receiver answered 410: disable the endpoint.
+    pub disable_endpoint: bool,
+    /// The logged row.
+    pub row: AttemptRow,
+}
+
+fn signing_keys(endpoint: &Endpoint, now: SystemTime) -> Vec<SignerKey> {
+    endpoint
+        .active_secrets(now)
+        .filter_map(|s| {
+            let key: SigningKey = match s.kind {
+                SecretKind::Hmac => SigningSecret::from_bytes(s.material.expose()).ok()?.into(),
+                SecretKind::Ed25519 => Ed25519SigningKey::from_bytes(s.material.expose())
+                    .ok()?
+                    .into(),
+            };
+            Some(SignerKey::new(s.key_id.as_str(), key))
+        })
+        .collect()
+}
+
+/// An attempt that never left: nothing was sent.
+fn refused(detail: &str) -> Attempt {
+    Attempt {
+        result: AttemptResult::Failed {
+            class: ErrorClass::InvalidUrl,
+            detail: detail.to_owned(),
+        },
+        latency: Duration::ZERO,
+    }
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Why no request could be built.
+enum Unsendable {
+    /// The endpoint has no active signing secret.
+    NoKey,
+    /// The endpoint's URL does not parse.
+    BadUrl(String),
+}
+
+/// Builds the signed request for `record` to `endpoint`, or the reason none can be sent.
+fn prepare(
+    record: &DeliveryRecord,
+    endpoint: &Endpoint,
+    attempt: u32,
+    now: SystemTime,
+) -> Result<(OutboundRequest, Vec<String>), Unsendable> {
+    let keys = signing_keys(endpoint, now);
+    let signer = Signer::new(&keys).map_err(|_| Unsendable::NoKey)?;
+    let url = Url::parse(&endpoint.url)
+        .map_err(|e| Unsendable::BadUrl(format!("endpoint URL does not parse: {e}")))?;
+    let mut headers = HeaderMap::with_capacity(6);
+    let signed = signer.headers(record.event_id.as_str(), unix_secs(now), &record.body);
+    for (name, value) in signed.iter() {
+        if let Ok(v) = HeaderValue::try_from(value) {
+            headers.insert(HeaderName::from_static(name), v);
+        }
+    }
+    headers.insert(
+        HeaderName::from_static(ATTEMPT_HEADER),
+        HeaderValue::from(attempt),
+    );
+    if let Some(replay) = record
+        .replay_id
+        .as_deref()
+        .and_then(|r| HeaderValue::try_from(r).ok())
+    {
+        headers.insert(HeaderName::from_static(REPLAY_HEADER), replay);
+    }
+    let key_ids = signer.key_ids().map(str::to_owned).collect();
+    Ok((
+        OutboundRequest {
+            url,
+            headers,
+            body: record.body.clone(),
+        },
+        key_ids,
+    ))
+}
+
+impl DeliverDeps {
+    /// Makes one attempt of `record` to `endpoint`, logs it durably (retrying the store until it
+    /// answers or `stop` fires: `None`), and says what must be produced before settling.
+    pub async fn attempt(
+        &self,
+        record: DeliveryRecord,
+        endpoint: &Endpoint,
+        stop: &CancellationToken,
+    ) -> Option<AttemptReport> {
+        let started = SystemTime::now();
+        let record = record.with_first_attempt_at(started);
+        let attempt_no = record.attempts.saturating_add(1);
+        let (attempt, key_ids, no_key) = match prepare(&record, endpoint, attempt_no, started) {
+            Ok((request, key_ids)) => {
+                telemetry::in_flight(1.0);
+                let a = self.sender.send(request).await;
+                telemetry::in_flight(-1.0);
+                (a, key_ids, false)
+            }
+            Err(Unsendable::NoKey) => (
+                refused("endpoint has no active signing secret"),
+                vec![],
+                true,
+            ),
+            Err(Unsendable::BadUrl(detail)) => (refused(&detail), vec![], false),
+        };
+        let finished = SystemTime::now();
+        telemetry::AttemptFinished {
+            endpoint_id: endpoint.id.as_str(),
+            delivery_id: record.delivery_id.as_str(),
+            attempt: attempt_no,
+            status: attempt.result.status(),
+            error_class: attempt.result.error_class(),
+            latency: attempt.latency,
+        }
+        .emit();
+        let first = record
+            .first_attempt_at
+            .map_or(started, UnixMillis::to_system_time);
+        let elapsed = finished.duration_since(first).unwrap_or_default();
+        let decision = if no_key {
+            Decision::DeadLetter {
+                reason: DeadReason::NoSigningKey,
+                disable_endpoint: false,
+            }
+        } else {
+            let verdict = classify(&attempt.result, finished);
+            self.policy.decide(
+                verdict,
+                attempt_no,
+                elapsed,
+                &mut rand::rngs::SmallRng::from_os_rng(),
+            )
+        };
+        self.settle_decision(
+            record, attempt, attempt_no, started, key_ids, decision, stop,
+        )
+        .await
+    }
+
+    /// Logs a delivery that cannot be attempted (endpoint deleted or disabled) and builds its DLQ
+    /// record. Nothing is sent.
+    pub async fn refuse(
+        &self,
+        record: DeliveryRecord,
+        reason: DeadReason,
+        stop: &CancellationToken,
+    ) -> Option<AttemptReport> {
+        let now = SystemTime::now();
+        let record = record.with_first_attempt_at(now);
+        let attempt_no = record.attempts.saturating_add(1);
+        let decision = Decision::DeadLetter {
+            reason,
+            disable_endpoint: false,
+        };
+        let mut report = self
+            .settle_decision(
+                record,
+                refused(reason.as_str()),
+                attempt_no,
+                now,
+                vec![],
+                decision,
+                stop,
+            )
+            .await?;
+        report.health = None;
+        Some(report)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_decision(
+        &self,
+        mut record: DeliveryRecord,
+        attempt: Attempt,
+        attempt_no: u32,
+        started: SystemTime,
+        key_ids: Vec<String>,
+        decision: Decision,
+        stop: &CancellationToken,
+    ) -> Option<AttemptReport> {
+        let now = SystemTime::now();
+        let (outcome, follow_up, disable) = match decision {
+            Decision::Done => {
+                let age = now.duration_since(record.event_time.to_system_time()).ok();
+                telemetry::delivered(age);
+                (AttemptOutcome::Succeeded, None, false)
+            }
+            Decision::Retry { delay } => {
+                let tier = self.tiers.for_delay(delay);
+                telemetry::retry_scheduled(&tier.name);
+                let next = now + delay;
+                let topic = tier.topic.clone();
+                let retry = record.clone().for_retry(attempt_no, next);
+                (
+                    AttemptOutcome::RetryScheduled {
+                        next_attempt_at: next,
+                    },
+                    Some(outgoing(topic, &retry)),
+                    false,
+                )
+            }
+            Decision::DeadLetter {
+                reason,
+                disable_endpoint,
+            } => {
+                telemetry::dead_lettered(
+                    record.delivery_id.as_str(),
+                    record.endpoint_id.as_str(),
+                    reason,
+                );
+                record.attempts = attempt_no;
+                let dead = record.clone().for_dlq(DeadInfo {
+                    reason,
+                    last_status: attempt.result.status(),
+                    last_error: attempt.result.error_class(),
+                    last_attempt_at: started.into(),
+                    signing_key_ids: key_ids.clone(),
+                });
+                (
+                    AttemptOutcome::Dead { reason },
+                    Some(outgoing(self.dlq_topic.clone(), &dead)),
+                    disable_endpoint,
+                )
+            }
+        };
+        let body = match &attempt.result {
+            AttemptResult::Response(r) => r.body.clone(),
+            AttemptResult::Failed { .. } => vec![],
+        };
+        let row = AttemptRow {
+            delivery_id: record.delivery_id.clone(),
+            event_id: record.event_id.clone(),
+            endpoint_id: record.endpoint_id.clone(),
+            tenant: record.tenant.clone(),
+            event_type: record.event_type.to_string(),
+            attempt: attempt_no,
+            started_at: started,
+            status: attempt.result.status(),
+            latency_ms: u32::try_from(attempt.latency.as_millis()).unwrap_or(u32::MAX),
+            error_class: attempt.result.error_class(),
+            response_body: body,
+            signing_key_ids: key_ids,
+            replay_id: record.replay_id.clone(),
+            outcome,
+        };
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.store.record_attempt(&row).await {
+                Ok(()) => break,
+                Err(e) => {
+                    telemetry::store_error(&e.to_string());
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = stop.cancelled() => return None,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        Some(AttemptReport {
+            follow_up,
+            health: breaker::Outcome::of(&attempt.result),
+            disable_endpoint: disable,
+            row,
+        })
+    }
+}
+
+/// The Kafka record for `record` on `topic`.
+pub fn outgoing(topic: Arc<str>, record: &DeliveryRecord) -> Outgoing {
+    Outgoing {
+        topic,
+        key: record.key().to_vec(),
+        headers: record.to_owned_headers(),
+        payload: record.body.clone(),
+    }
+}
+
+/// The stage loop's state.
+struct Stage {
+    deps: Arc<DeliverDeps>,
+    producer: FutureProducer,
+    settlements: Settlements,
+    lanes: Lanes,
+    queues: HashMap<EndpointId, VecDeque<Queued>>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    parks: mpsc::UnboundedSender<(Tp, i64, bool)>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+}
+
+/// Runs the delivery stage until `shutdown`; then parks what is queued, lets in-flight attempts
+/// finish within the drain deadline, stores the settled offsets and commits.
+pub async fn run(
+    consumer: StageConsumer,
+    producer: FutureProducer,
+    deps: Arc<DeliverDeps>,
+    shutdown: CancellationToken,
+) {
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let (parks_tx, mut parks_rx) = mpsc::unbounded_channel();
+    let mut stage = Stage {
+        settlements: Settlements::new("deliver", deps.max_window),
+        lanes: Lanes::new(deps.lanes),
+        queues: HashMap::new(),
+        deps,
+        producer,
+        done_tx,
+        parks: parks_tx,
+        tasks: TaskTracker::new(),
+        // Cancelled only when the drain deadline passes: in-flight work keeps going until then.
+        stop: CancellationToken::new(),
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            Some(done) = done_rx.recv() => stage.on_done(done),
+            Some((tp, offset, acked)) = parks_rx.recv() => if acked { stage.settlements.settle(&tp, offset) },
+            _ = tick.tick() => stage.on_tick(&consumer),
+            msg = consumer.recv() => match msg {
+                Ok(m) => {
+                    let tp: Tp = (Arc::from(m.topic()), m.partition());
+                    let offset = m.offset();
+                    stage.settlements.track(&tp, offset);
+                    let decoded = DeliveryRecord::from_message(&m);
+                    let raw = (m.key().map(<[u8]>::to_vec), m.payload().map(Bytes::copy_from_slice));
+                    drop(m);
+                    stage.on_record(tp, offset, decoded, raw);
+                }
+                Err(e) => tracing::warn!(error = %e, "delivery consumer error"),
+            },
+        }
+    }
+    // Shutdown: queued records go to the shortest tier; in-flight attempts get the deadline.
+    let queued: Vec<Queued> = stage.queues.drain().flat_map(|(_, q)| q).collect();
+    for q in queued {
+        let due = SystemTime::now();
+        stage.park(q.tp, q.offset, q.record, due, ParkReason::LaneFull);
+    }
+    stage.tasks.close();
+    let deadline = tokio::time::sleep(stage.deps.drain_deadline);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            Some(done) = done_rx.recv() => stage.on_done(done),
+            Some((tp, offset, acked)) = parks_rx.recv() => if acked { stage.settlements.settle(&tp, offset) },
+            () = stage.tasks.wait() => break,
+            () = &mut deadline => {
+                tracing::warn!("drain deadline passed; unfinished deliveries will be re-read on restart");
+                stage.stop.cancel();
+                break;
+            }
+        }
+    }
+    while let Ok(done) = done_rx.try_recv() {
+        stage.on_done(done);
+    }
+    while let Ok((tp, offset, acked)) = parks_rx.try_recv() {
+        if acked {
+            stage.settlements.settle(&tp, offset);
+        }
+    }
+    stage.settlements.store(&consumer);
+    if let Err(e) = rdkafka::consumer::Consumer::commit_consumer_state(
+        &consumer,
+        rdkafka::consumer::CommitMode::Sync,
+    ) {
+        tracing::debug!(error = %e, "final commit of the delivery stage");
+    }
+    stage.stop.cancel();
+}
+
+impl Stage {
+    fn on_record(
+        &mut self,
+        tp: Tp,
+        offset: i64,
+        decoded: Result<DeliveryRecord, crate::record::RecordError>,
+        raw: (Option<Vec<u8>>, Option<Bytes>),
+    ) {
+        let record = match decoded {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(topic = %tp.0, partition = tp.1, offset, error = %e,
+                    "undecodable delivery record; sending it to the invalid topic");
+                let headers = rdkafka::message::OwnedHeaders::new()
+                    .insert(rdkafka::message::Header {
+                        key: crate::input::INVALID_REASON_HEADER,
+                        value: Some("bad_delivery_record"),
+                    })
+                    .insert(rdkafka::message::Header {
+                        key: crate::input::INVALID_DETAIL_HEADER,
+                        value: Some(e.to_string().as_str()),
+                    });
+                let out = Outgoing {
+                    topic: self.deps.invalid_topic.clone(),
+                    key: raw.0.unwrap_or_default(),
+                    headers,
+                    payload: raw.1.unwrap_or_default(),
+                };
+                self.produce_then_settle(tp, offset, out);
+                return;
+            }
+        };
+        let endpoint = match self.deps.endpoints.get(&record.endpoint_id) {
+            Some(e) if e.enabled => e,
+            found => {
+                let reason = if found.is_some() {
+                    DeadReason::EndpointDisabled
+                } else {
+                    DeadReason::EndpointDeleted
+                };
+                self.spawn_refusal(tp, offset, record, reason);
+                return;
+            }
+        };
+        // A record that arrives early (replayed into a tier by hand, clock skew) waits again.
+        if let Some(due) = record
+            .due_at()
+            .filter(|d| *d > SystemTime::now() + Duration::from_secs(1))
+        {
+            self.park(tp, offset, record, due, ParkReason::LaneFull);
+            return;
+        }
+        let queue = self.queues.entry(endpoint.id.clone()).or_default();
+        if queue.len() >= self.deps.lane_queue {
+            let due = SystemTime::now() + self.deps.tiers.shortest().delay;
+            self.park(tp, offset, record, due, ParkReason::LaneFull);
+            return;
+        }
+        let id = endpoint.id.clone();
+        queue.push_back(Queued {
+            tp,
+            offset,
+            record,
+            endpoint,
+        });
+        self.dispatch(&id);
+    }
+
+    fn lane_config(&self, endpoint: &Endpoint) -> LaneConfig {
+        LaneConfig {
+            max_in_flight: endpoint
+                .max_in_flight
+                .unwrap_or(self.deps.default_max_in_flight),
+            rate_limit_per_s: endpoint.rate_limit_per_s,
+        }
+    }
+
+    /// Starts as many queued attempts for `id` as its lane admits; parks the queue when the
+    /// breaker is open.
+    fn dispatch(&mut self, id: &EndpointId) {
+        while let Some(front) = self.queues.get(id).and_then(|q| q.front()) {
+            let cfg = self.lane_config(&front.endpoint);
+            match self.lanes.try_acquire(id, cfg, tokio::time::Instant::now()) {
+                Ok(permit) => {
+                    let q = self
+                        .queues
+                        .get_mut(id)
+                        .and_then(VecDeque::pop_front)
+                        .expect("front exists");
+                    self.spawn_attempt(q, permit);
+                }
+                Err(Refusal::Concurrency | Refusal::RateLimited { .. }) => break,
+                Err(Refusal::BreakerOpen { retry_at }) => {
+                    let wait = retry_at.saturating_duration_since(tokio::time::Instant::now());
+                    let due = SystemTime::now() + wait;
+                    for q in self.queues.remove(id).unwrap_or_default() {
+                        self.park(q.tp, q.offset, q.record, due, ParkReason::BreakerOpen);
+                    }
+                    break;
+                }
+                Err(Refusal::TooManyLanes) => {
+                    let q = self
+                        .queues
+                        .get_mut(id)
+                        .and_then(VecDeque::pop_front)
+                        .expect("front exists");
+                    let due = SystemTime::now() + self.deps.tiers.shortest().delay;
+                    self.park(q.tp, q.offset, q.record, due, ParkReason::LaneFull);
+                }
+            }
+        }
+        if self.queues.get(id).is_some_and(VecDeque::is_empty) {
+            self.queues.remove(id);
+        }
+    }
+
+    fn spawn_attempt(&self, q: Queued, permit: Permit) {
+        let deps = self.deps.clone();
+        let producer = self.producer.clone();
+        let done = self.done_tx.clone();
+        let stop = self.stop.clone();
+        self.tasks.spawn(async move {
+            let Queued {
+                tp,
+                offset,
+                record,
+                endpoint,
+            } = q;
+            let report = deps.attempt(record, &endpoint, &stop).await;
+            let (settled, health, disable) = match report {
+                None => (false, None, None),
+                Some(r) => {
+                    let acked = match &r.follow_up {
+                        Some(out) => produce_until_acked(&producer, out, &stop).await,
+                        None => true,
+                    };
+                    (
+                        acked,
+                        r.health,
+                        r.disable_endpoint.then(|| endpoint.id.clone()),
+                    )
+                }
+            };
+            let _ = done.send(Done {
+                tp,
+                offset,
+                permit,
+                health,
+                disable,
+                settled,
+            });
+        });
+    }
+
+    fn spawn_refusal(&self, tp: Tp, offset: i64, record: DeliveryRecord, reason: DeadReason) {
+        let deps = self.deps.clone();
+        let producer = self.producer.clone();
+        let parks = self.parks.clone();
+        let stop = self.stop.clone();
+        self.tasks.spawn(async move {
+            let acked = match deps.refuse(record, reason, &stop).await {
+                Some(AttemptReport {
+                    follow_up: Some(out),
+                    ..
+                }) => produce_until_acked(&producer, &out, &stop).await,
+                Some(_) => true,
+                None => false,
+            };
+            let _ = parks.send((tp, offset, acked));
+        });
+    }
+
+    /// Parks `record` in the tier matching `due`; settles it once the broker has it.
+    fn park(
+        &self,
+        tp: Tp,
+        offset: i64,
+        record: DeliveryRecord,
+        due: SystemTime,
+        reason: ParkReason,
+    ) {
+        telemetry::parked(reason);
+        let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
+        let tier = self.deps.tiers.for_delay(wait);
+        let out = outgoing(tier.topic.clone(), &record.for_park(due));
+        self.produce_then_settle(tp, offset, out);
+    }
+
+    fn produce_then_settle(&self, tp: Tp, offset: i64, out: Outgoing) {
+        let producer = self.producer.clone();
+        let parks = self.parks.clone();
+        let stop = self.stop.clone();
+        self.tasks.spawn(async move {
+            let acked = produce_until_acked(&producer, &out, &stop).await;
+            let _ = parks.send((tp, offset, acked));
+        });
+    }
+
+    fn on_done(&mut self, done: Done) {
+        let id = done.permit.endpoint().clone();
+        match self
+            .lanes
+            .release(done.permit, done.health, tokio::time::Instant::now())
+        {
+            Some(Transition::Opened { cool_down, .. }) => {
+                telemetry::breaker_opened(id.as_str(), cool_down)
+            }
+            Some(Transition::Closed) => telemetry::breaker_closed(id.as_str()),
+            None => {}
+        }
+        if done.settled {
+            self.settlements.settle(&done.tp, done.offset);
+        }
+        if let Some(gone) = done.disable {
+            self.disable(gone);
+        }
+        self.dispatch(&id);
+    }
+
+    /// Disables an endpoint whose receiver answered 410 Gone.
+    fn disable(&self, id: EndpointId) {
+        let Some(current) = self.deps.endpoints.get(&id) else {
+            return;
+        };
+        if !current.enabled {
+            return;
+        }
+        let writer = self.deps.endpoint_writer.clone();
+        tokio::spawn(async move {
+            let mut endpoint = (*current).clone();
+            endpoint.disable(crate::endpoint::DISABLED_GONE, SystemTime::now());
+            match writer.put(&endpoint).await {
+                Ok(_) => telemetry::endpoint_disabled(id.as_str()),
+                Err(e) => {
+                    tracing::warn!(endpoint_id = %id, error = %e, "disabling the endpoint failed")
+                }
+            }
+        });
+    }
+
+    fn on_tick(&mut self, consumer: &StageConsumer) {
+        let events = rdkafka::consumer::Consumer::context(consumer).drain();
+        for e in &events {
+            let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
+            // Queued records of moved partitions are re-read by their new owner.
+            for q in self.queues.values_mut() {
+                q.retain(|item| !tps.contains(&item.tp));
+            }
+            self.queues.retain(|_, q| !q.is_empty());
+        }
+        self.settlements.apply(&events);
+        // Rate-limited lanes get another chance each tick.
+        let waiting: Vec<EndpointId> = self.queues.keys().cloned().collect();
+        for id in waiting {
+            self.dispatch(&id);
+        }
+        self.lanes.evict_idle(tokio::time::Instant::now());
+        self.settlements.store(consumer);
+        self.settlements.flow_control(consumer);
+    }
+}
