@@ -251,9 +251,29 @@ pub enum InvalidReason {
 }
 
 impl InvalidReason {
+    /// The reason without the field or header name: a bounded metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            InvalidReason::EmptyValue => "empty_value",
+            InvalidReason::NotJson => "not_json",
+            InvalidReason::NotObject => "not_object",
+            InvalidReason::MissingHeader(_) => "missing_header",
+            InvalidReason::BadHeader(_) => "bad_header",
+            InvalidReason::MissingField(_) => "missing_field",
+            InvalidReason::UnknownField(_) => "unknown_field",
+            InvalidReason::DuplicateField(_) => "duplicate_field",
+            InvalidReason::BadEventId => "bad_event_id",
+            InvalidReason::BadEventType => "bad_event_type",
+            InvalidReason::BadTenant => "bad_tenant",
+            InvalidReason::BadOccurredAt => "bad_occurred_at",
+            InvalidReason::PayloadTooLarge => "payload_too_large",
+        }
+    }
+
     /// The short machine form, e.g. `missing_header:eventType`.
     pub fn code(&self) -> String {
         let with = |prefix: &str, name: &str| {
+            debug_assert_eq!(prefix, self.kind());
             let mut n: String = name.chars().take(MAX_NAME_IN_REASON).collect();
             n.retain(|c| !c.is_control());
             format!("{prefix}:{n}")

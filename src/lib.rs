@@ -33,6 +33,8 @@
 //!   tier partition's head until due, then forwards it to the deliveries topic.
 //! - [`deliver`]: the delivery stage: per-endpoint lanes, sign, send, classify, log, settle;
 //!   parking into delay tiers; DLQ records.
+//! - [`fanout`]: the fan-out stage: input records to one delivery record per subscribed
+//!   endpoint, invalid records to the invalid topic.
 //! - [`stage`]: what every Kafka stage shares: rebalance events, settled-offset tracking and
 //!   storing, partition flow control, produce-until-acknowledged.
 //! - [`config`]: the one typed, layered configuration (defaults < `--config` TOML < `HOOKLINE_*`
@@ -51,6 +53,7 @@ pub mod config;
 pub mod delay_tier;
 pub mod deliver;
 pub mod endpoint;
+pub mod fanout;
 pub mod id;
 pub mod input;
 pub mod kafka;
