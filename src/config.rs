@@ -159,6 +159,8 @@ pub struct KafkaConfig {
     pub input_topics: Vec<String>,
     /// Input topics by regex (must start with `^`; rdkafka subscribes to it as a pattern).
     pub input_pattern: Option<String>,
+    /// Consumer groups are `{group_prefix}-fanout`, `-deliver` and `-delay`.
+    pub group_prefix: String,
 }
 
 impl Default for KafkaConfig {
@@ -170,6 +172,7 @@ impl Default for KafkaConfig {
             topics: TopicsConfig::default(),
             input_topics: vec![],
             input_pattern: Some(r"^outbox\.event\..*".into()),
+            group_prefix: "hookline".into(),
         }
     }
 }
@@ -183,6 +186,11 @@ impl KafkaConfig {
             c.set(k, v);
         }
         c
+    }
+
+    /// The consumer group of a stage (`fanout`, `deliver`, `delay`).
+    pub fn group(&self, stage: &str) -> String {
+        format!("{}-{stage}", self.group_prefix)
     }
 
     /// The name of the delay-tier topic for `tier` (`hookline.retry.5s`, `hookline.retry.2m`).
@@ -653,6 +661,17 @@ impl Config {
             return Err(invalid(
                 "kafka.partitions",
                 format!("= {} must be between 1 and 10000", k.partitions),
+            ));
+        }
+        if k.group_prefix.is_empty()
+            || !k
+                .group_prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(invalid(
+                "kafka.group_prefix",
+                "must be non-empty ASCII letters, digits, '.', '_' or '-'",
             ));
         }
         let t = &k.topics;

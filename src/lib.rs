@@ -44,6 +44,7 @@
 //!   ones) and the admin API's request shapes and rules.
 //! - [`registry`]: every instance's materialised view of the compacted endpoints topic, and the
 //!   writer that waits for its own view to catch up.
+//! - [`service`]: assembling the roles from a config and running them under one shutdown token.
 //! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
 
 pub mod attempt;
@@ -64,6 +65,7 @@ pub mod registry;
 pub mod retry_policy;
 pub mod sealed;
 pub mod sender;
+pub mod service;
 pub mod signing;
 pub mod ssrf;
 pub mod stage;

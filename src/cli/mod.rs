@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+mod admin_hook;
 mod send;
+mod serve;
 mod sign;
 
 /// hookline: Kafka-native webhook delivery.
@@ -19,6 +21,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run every stage in one process on an embedded Kafka and in-memory store (start here).
+    Dev(serve::DevArgs),
+    /// Run the service against real Kafka and ScyllaDB (`--role fanout|deliver|delay|all`).
+    Run(serve::RunArgs),
     /// Print Standard Webhooks headers for a body (webhook-id, webhook-timestamp, webhook-signature).
     Sign(SignArgs),
     /// Check a Standard Webhooks signature; prints `valid` or the reason it is not.
@@ -120,6 +126,8 @@ impl BodySource {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Dev(args) => serve::dev(&args),
+        Command::Run(args) => serve::run(&args),
         Command::Sign(args) => sign::sign(&args),
         Command::Verify(args) => sign::verify(&args),
         Command::Send(args) => send::send(&args),

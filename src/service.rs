@@ -1,0 +1,285 @@
+//! Assembling hookline from a [`Config`]: topics, the endpoint registry, the store, the sender,
+//! the stages of the chosen roles, metrics; and running them all under one cancellation token.
+//!
+//! `hookline run` and `hookline dev` are both this; `dev` only swaps in the embedded Kafka and
+//! the in-memory store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::Consumer;
+use rdkafka::producer::FutureProducer;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, ConfigError, StoreKind};
+use crate::delay_tier::{self, DelayTopics, Tiers};
+use crate::deliver::{self, DeliverDeps};
+use crate::fanout::{self, FanoutTopics};
+use crate::input::InputConfig;
+use crate::kafka::{self, KafkaError, TopicSpec, consumer_config, producer_config};
+use crate::lane::LanesConfig;
+use crate::registry::kafka::{KafkaEndpointStore, spawn_materializer};
+use crate::registry::{EndpointStore, EndpointView, RegistryError};
+use crate::sender::{Sender, SenderConfig};
+use crate::ssrf::Policy;
+use crate::stage::{StageConsumer, StageContext};
+use crate::storage::DeliveryStore;
+use crate::storage::memory::MemoryStore;
+
+/// A role a process plays; `All` is every one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    /// Input topics to delivery records.
+    Fanout,
+    /// HTTP attempts.
+    Deliver,
+    /// Delay tiers back to the deliveries topic.
+    Delay,
+    /// Every stage in one process.
+    All,
+}
+
+impl Role {
+    fn includes(self, other: Role) -> bool {
+        self == Role::All || self == other
+    }
+}
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Kafka could not be set up.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// A Kafka client could not be created.
+    #[error("kafka client: {0}")]
+    Client(#[from] rdkafka::error::KafkaError),
+    /// The endpoint registry could not start.
+    #[error("endpoint registry: {0}")]
+    Registry(#[from] RegistryError),
+    /// The HTTP sender could not be built.
+    #[error("http sender: {0}")]
+    Sender(String),
+    /// The store could not be opened.
+    #[error("store: {0}")]
+    Store(String),
+    /// The metrics listener could not start.
+    #[error("metrics listener on {addr}: {detail}")]
+    Metrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// What failed.
+        detail: String,
+    },
+}
+
+/// Every topic hookline uses, with its layout.
+pub fn topic_specs(config: &Config) -> Vec<TopicSpec> {
+    let k = &config.kafka;
+    let p = i32::try_from(k.partitions).unwrap_or(i32::MAX);
+    let spec = |name: &str, partitions: i32, compacted: bool| TopicSpec {
+        name: name.to_owned(),
+        partitions,
+        compacted,
+    };
+    let mut specs = vec![
+        spec(&k.topics.deliveries, p, false),
+        spec(&k.topics.endpoints, p.min(6), true),
+        spec(&k.topics.dlq, p, false),
+        spec(&k.topics.invalid, 1, false),
+        spec(&k.topics.events, p, false),
+    ];
+    for (_, topic) in config.tier_topics() {
+        specs.push(spec(&topic, p, false));
+    }
+    specs
+}
+
+/// What the running service shares with the admin API and tests.
+pub struct Handles {
+    /// The materialised endpoints.
+    pub view: Arc<EndpointView>,
+    /// Endpoint writes.
+    pub endpoints: Arc<dyn EndpointStore>,
+    /// The delivery store.
+    pub store: Arc<dyn DeliveryStore>,
+}
+
+/// Opens the delivery store the config names.
+pub async fn open_store(config: &Config) -> Result<Arc<dyn DeliveryStore>, ServiceError> {
+    match config.store.kind {
+        StoreKind::Memory => Ok(Arc::new(MemoryStore::default())),
+        StoreKind::Scylla => Err(ServiceError::Store(
+            "store.kind = \"scylla\" is not available in this build yet; use \"memory\"".into(),
+        )),
+    }
+}
+
+/// Builds the sender from `[http]`.
+pub fn sender(config: &Config) -> Result<Sender, ServiceError> {
+    Sender::new(SenderConfig {
+        connect_timeout: config.http.connect_timeout,
+        total_timeout: config.http.total_timeout,
+        allow_http: config.http.dangerous_allow_http,
+        policy: Policy::with_allowed(config.http.allow_cidrs.iter().copied()),
+        dns_servers: config.http.dns_servers.clone(),
+    })
+    .map_err(|e| ServiceError::Sender(e.to_string()))
+}
+
+fn stage_consumer(
+    config: &Config,
+    group: &str,
+    stage: &'static str,
+) -> Result<StageConsumer, ServiceError> {
+    Ok(
+        consumer_config(&config.kafka.bootstrap_servers, group, &config.kafka.client)
+            .create_with_context(StageContext::new(stage))?,
+    )
+}
+
+fn producer(config: &Config) -> Result<FutureProducer, ServiceError> {
+    Ok(producer_config(&config.kafka.bootstrap_servers, &config.kafka.client).create()?)
+}
+
+/// Starts the endpoint registry (materialiser + writer) and waits until the view has caught up.
+pub async fn start_registry(
+    config: &Config,
+    shutdown: &CancellationToken,
+    tasks: &TaskTracker,
+) -> Result<(Arc<EndpointView>, Arc<dyn EndpointStore>), ServiceError> {
+    let key = config.require_master_key()?.clone();
+    let view = Arc::new(EndpointView::new(key.clone()));
+    let handle = spawn_materializer(&config.kafka, view.clone(), shutdown.clone()).await?;
+    tasks.spawn(async move {
+        let _ = handle.await;
+    });
+    view.wait_caught_up(Duration::from_secs(60)).await?;
+    let writer =
+        KafkaEndpointStore::new(&config.kafka, view.clone(), key, Duration::from_secs(10))?;
+    Ok((view, Arc::new(writer)))
+}
+
+/// Starts the stages of `role` on an already prepared Kafka (topics exist), returning the
+/// handles the admin API needs. Every task is tracked by `tasks` and stops on `shutdown`.
+pub async fn start(
+    config: &Config,
+    role: Role,
+    shutdown: &CancellationToken,
+    tasks: &TaskTracker,
+) -> Result<Handles, ServiceError> {
+    let (view, endpoints) = start_registry(config, shutdown, tasks).await?;
+    let store = open_store(config).await?;
+    let k = &config.kafka;
+    let tiers = Arc::new(Tiers::new(&k.topics.retry_prefix, &config.retry.tiers));
+
+    if role.includes(Role::Fanout) {
+        let consumer = stage_consumer(config, &k.group("fanout"), "fanout")?;
+        let mut inputs: Vec<String> = k.input_topics.clone();
+        inputs.push(k.topics.events.clone());
+        if let Some(pattern) = &k.input_pattern {
+            // librdkafka treats a subscription starting with `^` as a regex.
+            inputs.push(if pattern.starts_with('^') {
+                pattern.clone()
+            } else {
+                format!("^{pattern}")
+            });
+        }
+        let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        consumer.subscribe(&refs)?;
+        let input = InputConfig {
+            max_payload: usize::try_from(config.http.max_payload_bytes).unwrap_or(usize::MAX),
+            ..InputConfig::default()
+        };
+        let topics = FanoutTopics {
+            deliveries: Arc::from(k.topics.deliveries.as_str()),
+            invalid: Arc::from(k.topics.invalid.as_str()),
+        };
+        tasks.spawn(fanout::run(
+            consumer,
+            producer(config)?,
+            view.clone(),
+            input,
+            topics,
+            shutdown.clone(),
+        ));
+    }
+    if role.includes(Role::Delay) {
+        let consumer = stage_consumer(config, &k.group("delay"), "delay")?;
+        let names: Vec<&str> = tiers.all().iter().map(|t| &*t.topic).collect();
+        consumer.subscribe(&names)?;
+        let topics = DelayTopics {
+            deliveries: Arc::from(k.topics.deliveries.as_str()),
+            invalid: Arc::from(k.topics.invalid.as_str()),
+        };
+        tasks.spawn(delay_tier::run(
+            consumer,
+            producer(config)?,
+            topics,
+            shutdown.clone(),
+        ));
+    }
+    if role.includes(Role::Deliver) {
+        let consumer = stage_consumer(config, &k.group("deliver"), "deliver")?;
+        consumer.subscribe(&[k.topics.deliveries.as_str()])?;
+        let lanes = LanesConfig {
+            breaker: crate::breaker::BreakerConfig {
+                failure_threshold: config.delivery.breaker_failure_threshold,
+                cool_down: config.delivery.breaker_cooldown,
+                ..crate::breaker::BreakerConfig::default()
+            },
+            ..LanesConfig::default()
+        };
+        let deps = Arc::new(DeliverDeps {
+            endpoints: view.clone(),
+            endpoint_writer: endpoints.clone(),
+            store: store.clone(),
+            sender: sender(config)?,
+            policy: config.retry.policy(),
+            tiers: tiers.clone(),
+            dlq_topic: Arc::from(k.topics.dlq.as_str()),
+            invalid_topic: Arc::from(k.topics.invalid.as_str()),
+            lanes,
+            default_max_in_flight: config.delivery.max_in_flight,
+            max_window: config.delivery.partition_max_in_flight as usize,
+            lane_queue: 1_000,
+            drain_deadline: config.http.total_timeout + Duration::from_secs(5),
+        });
+        tasks.spawn(deliver::run(
+            consumer,
+            producer(config)?,
+            deps,
+            shutdown.clone(),
+        ));
+    }
+    Ok(Handles {
+        view,
+        endpoints,
+        store,
+    })
+}
+
+/// Creates the topics on a real cluster (auto-create is off in production), with the
+/// broker's default replication factor.
+pub async fn prepare_topics(config: &Config) -> Result<(), ServiceError> {
+    kafka::ensure_topics(
+        &config.kafka.bootstrap_servers,
+        &config.kafka.client,
+        &topic_specs(config),
+        -1,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Installs the Prometheus listener.
+pub fn install_metrics(config: &Config) -> Result<(), ServiceError> {
+    crate::telemetry::install(config.metrics.listen).map_err(|e| ServiceError::Metrics {
+        addr: config.metrics.listen,
+        detail: e.to_string(),
+    })
+}
