@@ -150,15 +150,7 @@ pub async fn run(
                 }
             }
             _ = store_tick.tick() => {
-                let events = consumer.context().drain();
-                for e in &events {
-                    // A held head of a partition that moved is re-read by its owner.
-                    let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
-                    for tp in tps {
-                        held.remove(tp);
-                    }
-                }
-                settlements.apply(&events);
+                release_moved(&mut held, settlements.sync(&consumer));
                 settlements.store(&consumer);
                 settlements.flow_control(&consumer);
             }
@@ -170,6 +162,7 @@ pub async fn run(
                         continue;
                     }
                 };
+                release_moved(&mut held, settlements.sync(&consumer));
                 let tp: Tp = (Arc::from(msg.topic()), msg.partition());
                 let offset = msg.offset();
                 settlements.track(&tp, offset);
@@ -206,6 +199,16 @@ pub async fn run(
         }
     }
     drain(&consumer, &mut settlements, &mut forwards).await;
+}
+
+/// Forgets held heads of partitions that moved: their new owner re-reads them.
+fn release_moved(held: &mut HashMap<Tp, Held>, events: Vec<RebalanceEvent>) {
+    for e in events {
+        let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
+        for tp in tps {
+            held.remove(&tp);
+        }
+    }
 }
 
 async fn sleep_or_never(d: Option<Duration>) {

@@ -427,6 +427,7 @@ pub async fn run(
             _ = tick.tick() => stage.on_tick(&consumer),
             msg = consumer.recv() => match msg {
                 Ok(m) => {
+                    stage.sync(&consumer);
                     let tp: Tp = (Arc::from(m.topic()), m.partition());
                     let offset = m.offset();
                     stage.settlements.track(&tp, offset);
@@ -718,17 +719,20 @@ impl Stage {
         });
     }
 
-    fn on_tick(&mut self, consumer: &StageConsumer) {
-        let events = rdkafka::consumer::Consumer::context(consumer).drain();
-        for e in &events {
+    /// Applies rebalance events: queued records of moved partitions are re-read by their
+    /// owner, so they are dropped here along with the partitions' tracking.
+    fn sync(&mut self, consumer: &StageConsumer) {
+        for e in self.settlements.sync(consumer) {
             let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
-            // Queued records of moved partitions are re-read by their new owner.
             for q in self.queues.values_mut() {
                 q.retain(|item| !tps.contains(&item.tp));
             }
             self.queues.retain(|_, q| !q.is_empty());
         }
-        self.settlements.apply(&events);
+    }
+
+    fn on_tick(&mut self, consumer: &StageConsumer) {
+        self.sync(consumer);
         // Rate-limited lanes get another chance each tick.
         let waiting: Vec<EndpointId> = self.queues.keys().cloned().collect();
         for id in waiting {

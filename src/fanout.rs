@@ -156,6 +156,16 @@ fn invalid_record(
     }
 }
 
+/// Drops the remembered ids of partitions that moved.
+fn forget_moved(recent: &mut std::collections::HashMap<Tp, Recent>, events: Vec<RebalanceEvent>) {
+    for e in events {
+        let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
+        for tp in tps {
+            recent.remove(&tp);
+        }
+    }
+}
+
 /// Runs the fan-out stage until `shutdown`, then waits (bounded) for records under way and
 /// commits what settled.
 pub async fn run(
@@ -192,14 +202,7 @@ pub async fn run(
             () = shutdown.cancelled() => break,
             Some((tp, offset, acked)) = pending.next() => if acked { settlements.settle(&tp, offset) },
             _ = tick.tick() => {
-                let events = rdkafka::consumer::Consumer::context(&consumer).drain();
-                for e in &events {
-                    let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
-                    for tp in tps {
-                        recent.remove(tp);
-                    }
-                }
-                settlements.apply(&events);
+                forget_moved(&mut recent, settlements.sync(&consumer));
                 settlements.store(&consumer);
                 settlements.flow_control(&consumer);
             }
@@ -211,6 +214,7 @@ pub async fn run(
                         continue;
                     }
                 };
+                forget_moved(&mut recent, settlements.sync(&consumer));
                 let tp: Tp = (Arc::from(msg.topic()), msg.partition());
                 let offset = msg.offset();
                 settlements.track(&tp, offset);

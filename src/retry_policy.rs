@@ -52,7 +52,7 @@ pub enum Verdict {
 
 /// Why a delivery was dead-lettered. The string forms appear in DLQ headers, the attempt log and
 /// metric labels, and must not change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DeadReason {
     /// A status that retrying cannot fix (4xx other than the retryable ones, 1xx, unknown).
     HttpStatus,

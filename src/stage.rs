@@ -157,6 +157,16 @@ impl Settlements {
         }
     }
 
+    /// Takes the consumer's pending rebalance events and applies them; returns them for the
+    /// stage's own clean-up. Call it before handling each record: librdkafka reports a
+    /// rebalance from inside the poll that precedes the new assignment's first record, so
+    /// applying events first keeps a stale tracker from swallowing fresh offsets.
+    pub fn sync<C: Consumer<StageContext>>(&mut self, consumer: &C) -> Vec<RebalanceEvent> {
+        let events = consumer.context().drain();
+        self.apply(&events);
+        events
+    }
+
     /// Applies rebalance events.
     pub fn apply(&mut self, events: &[RebalanceEvent]) {
         for e in events {

@@ -1,0 +1,248 @@
+//! A whole hookline (every stage) on the embedded mock cluster or on the real Kafka from
+//! `tests/services`, with helpers to create endpoints, post events and read hookline's topics.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hookline::config::{Config, StoreKind};
+use hookline::endpoint::{CreateEndpoint, Endpoint};
+use hookline::id::{EndpointId, Tenant};
+use hookline::kafka::{EmbeddedKafka, consumer_config, producer_config};
+use hookline::record::DeliveryRecord;
+use hookline::service::{self, Handles, Role};
+use hookline::signing::{SigningSecret, Verifier};
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::support::receiver::RecordedRequest;
+
+/// Which Kafka the pipeline runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum On {
+    /// librdkafka's mock cluster, in process.
+    Mock,
+    /// The real broker `tests/services up` starts on 127.0.0.1:9092.
+    Real,
+}
+
+/// A running pipeline.
+pub struct Pipeline {
+    pub config: Config,
+    pub handles: Handles,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    _kafka: Option<Arc<EmbeddedKafka>>,
+    kafka: Option<Arc<EmbeddedKafka>>,
+}
+
+/// A test config: short retries, small partitions, loopback receivers allowed; on real Kafka,
+/// topics and groups unique to this test.
+pub fn test_config(on: On) -> Config {
+    let mut c = Config::dev_defaults();
+    c.store.kind = StoreKind::Memory;
+    c.kafka.partitions = 3;
+    c.retry.base = Duration::from_millis(100);
+    c.retry.multiplier = 2.0;
+    c.retry.cap = Duration::from_millis(400);
+    c.retry.window = Duration::from_secs(3);
+    c.retry.tiers = vec![Duration::from_secs(1), Duration::from_secs(5)];
+    c.http.total_timeout = Duration::from_secs(2);
+    c.http.connect_timeout = Duration::from_secs(1);
+    c.delivery.breaker_failure_threshold = 1_000;
+    if on == On::Real {
+        let run = uuid::Uuid::new_v4().simple().to_string();
+        let t = &mut c.kafka.topics;
+        t.deliveries = format!("it.{run}.deliveries");
+        t.endpoints = format!("it.{run}.endpoints");
+        t.dlq = format!("it.{run}.dlq");
+        t.invalid = format!("it.{run}.invalid");
+        t.events = format!("it.{run}.events");
+        t.retry_prefix = format!("it.{run}.retry.");
+        c.kafka.group_prefix = format!("it-{run}");
+        c.kafka.input_pattern = None;
+        c.kafka.client.insert("linger.ms".into(), "1".into());
+    }
+    c
+}
+
+impl Pipeline {
+    /// Starts every stage of `config` on `on`.
+    pub async fn start(on: On, config: Config) -> Pipeline {
+        let mut config = config;
+        let kafka = match on {
+            On::Mock => {
+                let k = EmbeddedKafka::start(&service::topic_specs(&config)).expect("mock cluster");
+                config.kafka.bootstrap_servers = k.bootstrap_servers().to_owned();
+                Some(Arc::new(k))
+            }
+            On::Real => {
+                config.kafka.bootstrap_servers = crate::services::fixture::require_kafka().await;
+                service::prepare_topics(&config)
+                    .await
+                    .expect("create the test's topics");
+                None
+            }
+        };
+        Self::start_on(config, kafka).await
+    }
+
+    async fn start_on(config: Config, kafka: Option<Arc<EmbeddedKafka>>) -> Pipeline {
+        if let Ok(filter) = std::env::var("HOOKLINE_TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let handles = service::start(&config, Role::All, &shutdown, &tasks)
+            .await
+            .expect("start the pipeline");
+        Pipeline {
+            config,
+            handles,
+            shutdown,
+            tasks,
+            _kafka: kafka.clone(),
+            kafka,
+        }
+    }
+
+    /// Stops every stage (as SIGTERM would) and waits until they have drained.
+    pub async fn stop(self) -> (Config, Option<Arc<EmbeddedKafka>>) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        // In-flight attempts may use their whole timeout before the stages let go.
+        let deadline = self.config.http.total_timeout + Duration::from_secs(20);
+        tokio::time::timeout(deadline, self.tasks.wait())
+            .await
+            .expect("stages drain within the attempt timeout");
+        (self.config, self.kafka)
+    }
+
+    /// Stops, then starts again on the same Kafka with the same store contents lost (a new
+    /// process); returns the new pipeline.
+    pub async fn restart(self) -> Pipeline {
+        let (config, kafka) = self.stop().await;
+        Self::start_on(config, kafka).await
+    }
+
+    /// Creates an endpoint; returns its id and its `whsec_` secret.
+    pub async fn endpoint(&self, tenant: &str, url: &str, types: &[&str]) -> (EndpointId, String) {
+        let secret = SigningSecret::generate();
+        let whsec = secret.expose_whsec().to_string();
+        let endpoint = Endpoint::create(
+            CreateEndpoint {
+                tenant: Tenant::parse(tenant).unwrap(),
+                url: url.to_owned(),
+                event_types: types.iter().map(|s| s.to_string()).collect(),
+                max_in_flight: None,
+                rate_limit_per_s: None,
+                secret: Some(whsec.clone()),
+            },
+            SystemTime::now(),
+        )
+        .expect("valid endpoint");
+        let stored = self
+            .handles
+            .endpoints
+            .put(&endpoint)
+            .await
+            .expect("endpoint written");
+        (stored.id.clone(), whsec)
+    }
+
+    fn producer(&self) -> FutureProducer {
+        producer_config(
+            &self.config.kafka.bootstrap_servers,
+            &self.config.kafka.client,
+        )
+        .create()
+        .expect("producer")
+    }
+
+    /// Posts native events (as `POST /v1/events` would) and waits for the broker's ack.
+    pub async fn post(&self, events: &[(&str, &str, &str, serde_json::Value)]) {
+        let producer = self.producer();
+        for (id, tenant, kind, payload) in events {
+            let body =
+                serde_json::json!({"id": id, "tenant": tenant, "type": kind, "payload": payload});
+            let body = body.to_string();
+            producer
+                .send(
+                    FutureRecord::to(&self.config.kafka.topics.events)
+                        .key(*id)
+                        .payload(&body),
+                    Duration::from_secs(10),
+                )
+                .await
+                .expect("event produced");
+        }
+    }
+
+    /// Produces raw bytes to the events topic (for malformed-input tests).
+    pub async fn post_raw(&self, key: &str, value: &[u8]) {
+        self.producer()
+            .send(
+                FutureRecord::to(&self.config.kafka.topics.events)
+                    .key(key)
+                    .payload(value),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("record produced");
+    }
+
+    /// Reads `n` records from `topic` from the beginning, within `timeout`.
+    pub async fn read(
+        &self,
+        topic: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Vec<rdkafka::message::OwnedMessage> {
+        let group = format!("it-reader-{}", uuid::Uuid::new_v4().simple());
+        let consumer: StreamConsumer = consumer_config(
+            &self.config.kafka.bootstrap_servers,
+            &group,
+            &self.config.kafka.client,
+        )
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("reader");
+        consumer.subscribe(&[topic]).expect("subscribe");
+        let mut out = vec![];
+        let deadline = tokio::time::Instant::now() + timeout;
+        while out.len() < n {
+            match tokio::time::timeout_at(deadline, consumer.recv()).await {
+                Ok(Ok(m)) => out.push(m.detach()),
+                Ok(Err(e)) => panic!("reading {topic}: {e}"),
+                Err(_) => panic!(
+                    "only {} of {n} records arrived on {topic} within {timeout:?}",
+                    out.len()
+                ),
+            }
+        }
+        out
+    }
+}
+
+/// Checks a request's Standard Webhooks signature with `secret`; returns its webhook-id.
+pub fn verify(req: &RecordedRequest, secret: &str) -> String {
+    let key: hookline::signing::VerificationKey = secret.parse().expect("secret parses");
+    let verifier = Verifier::new(&[key]);
+    verifier
+        .verify_lookup(
+            |name| req.header(name),
+            &req.body,
+            hookline::signing::unix_now(),
+        )
+        .unwrap_or_else(|e| panic!("signature does not verify: {e}"));
+    req.header("webhook-id").expect("webhook-id").to_owned()
+}
+
+/// Decodes a DLQ record.
+pub fn dead_record(m: &rdkafka::message::OwnedMessage) -> DeliveryRecord {
+    DeliveryRecord::from_message(m).expect("DLQ record decodes")
+}

@@ -1,0 +1,385 @@
+//! The whole pipeline (fan-out, delivery, delay tiers, DLQ) end to end, each scenario once on
+//! librdkafka's mock cluster and once on the real Kafka from `tests/services`.
+
+mod harness;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use hookline::record::header;
+use hookline::retry_policy::DeadReason;
+use rdkafka::Message;
+use rdkafka::message::Headers;
+use serde_json::json;
+
+use crate::support::receiver::{Receiver, Reply};
+use harness::{On, Pipeline, dead_record, test_config, verify};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// N events x M endpoints: every pair delivered, signed, with the event id as webhook-id and the
+/// body built once in the documented shape.
+async fn every_event_reaches_every_endpoint(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let receivers = [
+        Receiver::fixed(Reply::status(200)).await,
+        Receiver::fixed(Reply::status(204)).await,
+        Receiver::fixed(Reply::status(202)).await,
+    ];
+    let mut secrets = vec![];
+    for r in &receivers {
+        secrets.push(
+            p.endpoint("acme", &r.url("/hook"), &["order.created"])
+                .await
+                .1,
+        );
+    }
+    let events: Vec<(String, serde_json::Value)> = (0..20)
+        .map(|i| (format!("evt_{i}"), json!({"n": i, "note": "ünïcode"})))
+        .collect();
+    let posts: Vec<_> = events
+        .iter()
+        .map(|(id, v)| (id.as_str(), "acme", "order.created", v.clone()))
+        .collect();
+    p.post(&posts).await;
+    for (r, secret) in receivers.iter().zip(&secrets) {
+        let got = r.wait_for(20, WAIT).await;
+        let ids: BTreeSet<String> = got.iter().map(|req| verify(req, secret)).collect();
+        assert_eq!(ids.len(), 20, "each event once per endpoint (ids: {ids:?})");
+        for req in &got {
+            let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap();
+            assert_eq!(body["type"], "order.created");
+            assert_eq!(body["id"], req.header("webhook-id").unwrap());
+            assert!(body["timestamp"].as_str().unwrap().ends_with('Z'));
+            assert_eq!(body["data"]["note"], "ünïcode");
+        }
+    }
+    p.stop().await;
+}
+
+/// A tenant's events never reach another tenant's endpoints; `*` and `order.*` filters match
+/// what they should and nothing else.
+async fn tenants_are_isolated_and_wildcards_match(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let orders = Receiver::fixed(Reply::status(200)).await;
+    let everything = Receiver::fixed(Reply::status(200)).await;
+    let other_tenant = Receiver::fixed(Reply::status(200)).await;
+    p.endpoint("acme", &orders.url("/"), &["order.*"]).await;
+    p.endpoint("acme", &everything.url("/"), &["*"]).await;
+    p.endpoint("globex", &other_tenant.url("/"), &["*"]).await;
+    p.post(&[
+        ("e1", "acme", "order.created", json!({})),
+        ("e2", "acme", "order.item.added", json!({})),
+        ("e3", "acme", "invoice.paid", json!({})),
+        ("e4", "acme", "orders.bogus", json!({})),
+        ("e5", "globex", "order.created", json!({})),
+    ])
+    .await;
+    let ids = |r: &Receiver| -> BTreeSet<String> {
+        r.requests()
+            .iter()
+            .map(|q| q.header("webhook-id").unwrap().to_owned())
+            .collect()
+    };
+    everything.wait_for(4, WAIT).await;
+    other_tenant.wait_for(1, WAIT).await;
+    orders.wait_for(2, WAIT).await;
+    // Give stray deliveries a moment to show up before asserting they did not.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(ids(&orders), BTreeSet::from(["e1".into(), "e2".into()]));
+    assert_eq!(
+        ids(&everything),
+        BTreeSet::from(["e1".into(), "e2".into(), "e3".into(), "e4".into()])
+    );
+    assert_eq!(ids(&other_tenant), BTreeSet::from(["e5".into()]));
+    p.stop().await;
+}
+
+/// 503, 503, then 200: delivered on the third attempt with the same webhook-id each time.
+async fn transient_failures_are_retried_with_the_same_id(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let counter = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = counter.clone();
+    let r = Receiver::start(move |_| {
+        if c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2 {
+            Reply::status(503)
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
+    let (endpoint, secret) = p.endpoint("acme", &r.url("/"), &["*"]).await;
+    p.post(&[("evt_retry", "acme", "order.created", json!({"x": 1}))])
+        .await;
+    let got = r.wait_for(3, WAIT).await;
+    let ids: Vec<String> = got.iter().map(|q| verify(q, &secret)).collect();
+    assert_eq!(ids, ["evt_retry"; 3]);
+    let attempts: Vec<&str> = got
+        .iter()
+        .map(|q| q.header("hookline-attempt").unwrap())
+        .collect();
+    assert_eq!(attempts, ["1", "2", "3"]);
+    assert!(
+        got.windows(2).all(|w| w[0].body == w[1].body),
+        "the same bytes every time"
+    );
+    // The attempt log has all three, and the delivery ended succeeded.
+    let delivery = hookline::id::DeliveryId::derive(
+        &hookline::id::EventId::parse("evt_retry").unwrap(),
+        &endpoint,
+    );
+    let rows = wait_rows(&p, &delivery, 3).await;
+    assert_eq!(
+        rows.iter().map(|r| r.status).collect::<Vec<_>>(),
+        [Some(503), Some(503), Some(200)]
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(r.requests().len(), 3, "no attempt after the success");
+    p.stop().await;
+}
+
+async fn wait_rows(
+    p: &Pipeline,
+    delivery: &hookline::id::DeliveryId,
+    n: usize,
+) -> Vec<hookline::storage::AttemptRow> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let rows = p.handles.store.attempts(delivery).await.unwrap();
+        if rows.len() >= n {
+            return rows;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} attempt rows",
+            rows.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An endpoint that always answers 500 is retried until the window is spent, then its record
+/// lands in the DLQ complete: exact body, ids, attempts, last status, reason, key ids, origin.
+async fn a_failing_endpoint_is_dead_lettered_completely(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let r = Receiver::fixed(Reply::status(500).body("broken")).await;
+    let (endpoint, _) = p.endpoint("acme", &r.url("/"), &["*"]).await;
+    p.post(&[(
+        "evt_dead",
+        "acme",
+        "order.created",
+        json!({"keep": "these bytes"}),
+    )])
+    .await;
+    let dlq = p.read(&p.config.kafka.topics.dlq, 1, WAIT).await;
+    let dead = dead_record(&dlq[0]);
+    let requests = r.requests();
+    assert!(
+        requests.len() >= 3,
+        "retried before giving up ({} attempts)",
+        requests.len()
+    );
+    assert_eq!(
+        &dead.body[..],
+        &requests[0].body[..],
+        "DLQ keeps the exact bytes sent"
+    );
+    assert_eq!(dead.event_id.as_str(), "evt_dead");
+    assert_eq!(dead.endpoint_id, endpoint);
+    assert_eq!(dead.attempts as usize, requests.len());
+    let info = dead.dead.as_ref().expect("dead info");
+    assert_eq!(info.reason, DeadReason::WindowExhausted);
+    assert_eq!(info.last_status, Some(500));
+    assert_eq!(info.signing_key_ids.len(), 1);
+    assert_eq!(
+        dead.origin.as_ref().unwrap().topic,
+        p.config.kafka.topics.events
+    );
+    assert!(dead.first_attempt_at.is_some());
+    let h: BTreeMap<String, String> = dlq[0]
+        .headers()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h.key.to_owned(),
+                String::from_utf8_lossy(h.value.unwrap_or_default()).into(),
+            )
+        })
+        .collect();
+    assert_eq!(h[header::DEAD_REASON], "window_exhausted");
+    p.stop().await;
+}
+
+/// 410 is dead at once and disables the endpoint: its record goes to the DLQ, and later events
+/// are no longer fanned out to it.
+async fn gone_disables_the_endpoint(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let r = Receiver::fixed(Reply::status(410)).await;
+    let (endpoint, _) = p.endpoint("acme", &r.url("/"), &["*"]).await;
+    p.post(&[("g1", "acme", "a.b", json!({}))]).await;
+    r.wait_for(1, WAIT).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while p.handles.view.get(&endpoint).is_some_and(|e| e.enabled) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "endpoint was not disabled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let e = p.handles.view.get(&endpoint).unwrap();
+    assert_eq!(e.disabled_reason.as_deref(), Some("gone"));
+    let dlq = p.read(&p.config.kafka.topics.dlq, 1, WAIT).await;
+    assert_eq!(dead_record(&dlq[0]).dead.unwrap().reason, DeadReason::Gone);
+    // A later event still reaches the tenant's other endpoint, and never the disabled one.
+    let other = Receiver::fixed(Reply::status(200)).await;
+    p.endpoint("acme", &other.url("/"), &["*"]).await;
+    p.post(&[("g2", "acme", "a.b", json!({}))]).await;
+    other.wait_for(1, WAIT).await;
+    assert_eq!(
+        r.requests().len(),
+        1,
+        "nothing more is sent to a disabled endpoint"
+    );
+    p.stop().await;
+}
+
+/// An endpoint that hangs does not hold up a healthy one: every healthy delivery completes
+/// while the hanging endpoint's first attempts are still waiting for their timeout.
+async fn a_hanging_endpoint_does_not_slow_the_others(on: On) {
+    let mut config = test_config(on);
+    config.http.total_timeout = Duration::from_secs(45);
+    let p = Pipeline::start(on, config).await;
+    let slow = Receiver::fixed(Reply::status(200).delay(Duration::from_secs(3600))).await;
+    let fast = Receiver::fixed(Reply::status(200)).await;
+    let (slow_id, _) = p.endpoint("acme", &slow.url("/"), &["*"]).await;
+    p.endpoint("acme", &fast.url("/"), &["*"]).await;
+    let events: Vec<(String, serde_json::Value)> =
+        (0..50).map(|i| (format!("h{i}"), json!(i))).collect();
+    let posts: Vec<_> = events
+        .iter()
+        .map(|(id, v)| (id.as_str(), "acme", "t", v.clone()))
+        .collect();
+    p.post(&posts).await;
+    fast.wait_for(50, WAIT).await;
+    assert!(
+        !slow.requests().is_empty(),
+        "the hanging endpoint was tried too"
+    );
+    for (id, _) in &events {
+        let delivery = hookline::id::DeliveryId::derive(
+            &hookline::id::EventId::parse(id.as_str()).unwrap(),
+            &slow_id,
+        );
+        assert!(
+            p.handles
+                .store
+                .attempts(&delivery)
+                .await
+                .unwrap()
+                .is_empty(),
+            "an attempt to the hanging endpoint finished before the healthy deliveries did"
+        );
+    }
+    p.stop().await;
+}
+
+/// A record that is neither a Debezium outbox record nor a native event lands in the invalid
+/// topic with a reason, and the events behind it are still delivered.
+async fn malformed_input_goes_to_the_invalid_topic(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let r = Receiver::fixed(Reply::status(200)).await;
+    p.endpoint("acme", &r.url("/"), &["*"]).await;
+    p.post_raw("k", b"this is not json").await;
+    p.post(&[("after_bad", "acme", "t", json!({}))]).await;
+    r.wait_for(1, WAIT).await;
+    let invalid = p.read(&p.config.kafka.topics.invalid, 1, WAIT).await;
+    assert_eq!(
+        invalid[0].payload(),
+        Some(&b"this is not json"[..]),
+        "kept as it was"
+    );
+    let reason = invalid[0]
+        .headers()
+        .unwrap()
+        .iter()
+        .find(|h| h.key == hookline::input::INVALID_REASON_HEADER)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned());
+    assert_eq!(reason.as_deref(), Some("not_json"));
+    p.stop().await;
+}
+
+/// Stopping and restarting the stages mid-stream loses nothing: every event arrives at least
+/// once, and repeats carry the same webhook-id.
+async fn a_restart_mid_stream_loses_nothing(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let r = Receiver::fixed(Reply::status(200).delay(Duration::from_millis(20))).await;
+    p.endpoint("acme", &r.url("/"), &["*"]).await;
+    let first: Vec<(String, serde_json::Value)> =
+        (0..100).map(|i| (format!("r{i}"), json!(i))).collect();
+    let posts: Vec<_> = first
+        .iter()
+        .map(|(id, v)| (id.as_str(), "acme", "t", v.clone()))
+        .collect();
+    p.post(&posts).await;
+    r.wait_for(10, WAIT).await;
+    let p = p.restart().await;
+    let second: Vec<(String, serde_json::Value)> =
+        (100..150).map(|i| (format!("r{i}"), json!(i))).collect();
+    let posts: Vec<_> = second
+        .iter()
+        .map(|(id, v)| (id.as_str(), "acme", "t", v.clone()))
+        .collect();
+    p.post(&posts).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let ids: BTreeSet<String> = r
+            .requests()
+            .iter()
+            .map(|q| q.header("webhook-id").unwrap().to_owned())
+            .collect();
+        if ids.len() == 150 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of 150 events delivered",
+            ids.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    p.stop().await;
+}
+
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod mock {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::On::Mock).await;
+                }
+            )*
+        }
+        mod real_kafka {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::On::Real).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    every_event_reaches_every_endpoint,
+    tenants_are_isolated_and_wildcards_match,
+    transient_failures_are_retried_with_the_same_id,
+    a_failing_endpoint_is_dead_lettered_completely,
+    gone_disables_the_endpoint,
+    a_hanging_endpoint_does_not_slow_the_others,
+    malformed_input_goes_to_the_invalid_topic,
+    a_restart_mid_stream_loses_nothing,
+);
