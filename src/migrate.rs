@@ -10,11 +10,12 @@
 //! Run one migrator at a time: concurrent schema changes from several clients can leave a
 //! Cassandra cluster in schema disagreement.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use scylla::DeserializeRow;
 use scylla::client::session::Session;
+use scylla::statement::unprepared::Statement;
 use scylla::value::CqlTimestamp;
 use sha2::{Digest, Sha256};
 
@@ -218,9 +219,15 @@ fn cql_error(version: u32, statement: &str, e: impl std::fmt::Display) -> Migrat
     }
 }
 
+/// Schema changes wait for every node to agree; on a busy cluster that takes far longer than
+/// the store's per-write timeout, which must not apply here.
+const DDL_TIMEOUT: Duration = Duration::from_secs(120);
+
 async fn run_ddl(session: &Session, version: u32, statement: &str) -> Result<(), MigrateError> {
+    let mut ddl = Statement::new(statement);
+    ddl.set_request_timeout(Some(DDL_TIMEOUT));
     session
-        .query_unpaged(statement, ())
+        .query_unpaged(ddl, ())
         .await
         .map(|_| ())
         .map_err(|e| cql_error(version, statement, e))
