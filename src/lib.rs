@@ -15,7 +15,9 @@
 //!   connect and total timeouts) that turns a signed request into an [`attempt::AttemptResult`].
 //! - [`kafka`]: producer/consumer settings, topic creation, the embedded mock cluster.
 //! - [`storage`]: the delivery store trait (attempt log, delivery state and history, replay
-//!   audit), its embedded implementation and the suite every implementation passes.
+//!   audit), its embedded and CQL (ScyllaDB/Cassandra) implementations and the suite every
+//!   implementation passes.
+//! - [`migrate`]: the versioned CQL schema migrator behind `hookline migrate`.
 //! - [`telemetry`]: typed events that emit a log line and their metrics together; the
 //!   Prometheus listener.
 //! - [`offsets`]: the contiguous-offset tracker: per partition, which offset may be committed
@@ -59,6 +61,7 @@ pub mod id;
 pub mod input;
 pub mod kafka;
 pub mod lane;
+pub mod migrate;
 pub mod offsets;
 pub mod record;
 pub mod registry;

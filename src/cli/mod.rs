@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 mod admin_hook;
+mod migrate;
 mod send;
 mod serve;
 mod sign;
@@ -31,6 +32,8 @@ enum Command {
     Verify(VerifyArgs),
     /// Make one signed delivery attempt through the service's own sender and print the outcome as JSON.
     Send(SendArgs),
+    /// Create the CQL keyspace and apply the missing schema versions (idempotent).
+    Migrate(MigrateArgs),
 }
 
 /// Where a body comes from: a file (exact bytes) or a string on the command line.
@@ -83,6 +86,20 @@ pub struct VerifyArgs {
     pub body: BodySource,
 }
 
+/// `hookline migrate`.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Read `[store.scylla]` from this TOML file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// CQL contact points (host:port), replacing the config's; comma-separated or repeated.
+    #[arg(long, value_name = "HOST:PORT", value_delimiter = ',')]
+    pub nodes: Vec<String>,
+    /// The keyspace, replacing the config's.
+    #[arg(long)]
+    pub keyspace: Option<String>,
+}
+
 /// `hookline send`.
 #[derive(Debug, Args)]
 pub struct SendArgs {
@@ -131,5 +148,6 @@ pub fn main() -> ExitCode {
         Command::Sign(args) => sign::sign(&args),
         Command::Verify(args) => sign::verify(&args),
         Command::Send(args) => send::send(&args),
+        Command::Migrate(args) => migrate::run(&args),
     }
 }

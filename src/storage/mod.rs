@@ -1,8 +1,8 @@
 //! Where attempts, delivery state, dead letters and replay audits are kept.
 //!
 //! The pipeline talks to [`DeliveryStore`] only. Two implementations: [`memory::MemoryStore`]
-//! (embedded, bounded; `hookline dev` and tests) and the CQL store (ScyllaDB / Cassandra) for
-//! production. [`conformance`] is one behavioural suite both must pass.
+//! (embedded, bounded; `hookline dev` and tests) and [`scylla::ScyllaStore`] (ScyllaDB /
+//! Cassandra) for production. [`conformance`] is one behavioural suite both must pass.
 //!
 //! Contract that the delivery stage relies on: when `record_attempt` returns `Ok`, the attempt
 //! and the delivery state it implies are durable. A Kafka record is settled only after that.
@@ -18,6 +18,7 @@ use crate::retry_policy::DeadReason;
 
 pub mod conformance;
 pub mod memory;
+pub mod scylla;
 
 /// Where a delivery stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

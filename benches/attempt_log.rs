@@ -1,0 +1,156 @@
+//! Attempt-log write throughput and latency of the CQL store against the real server on
+//! 127.0.0.1:9042 (`tests/services up`), at the delivery stage's concurrency (64 and 256
+//! attempts in flight). Creates and drops its own keyspace.
+//!
+//! `cargo bench --bench attempt_log`; `HOOKLINE_BENCH_SECS` (default 10) sets each run's length,
+//! `HOOKLINE_BENCH_MAX_WRITES` the store's `max_concurrent_writes` (default: the config default).
+//! One `record_attempt` is 4-6 CQL writes; figures are per attempt.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use hookline::attempt::ErrorClass;
+use hookline::migrate::{MIGRATIONS, migrate};
+use hookline::retry_policy::DeadReason;
+use hookline::storage::conformance::attempt_row;
+use hookline::storage::scylla::{ScyllaConfig, ScyllaStore, connect_session};
+use hookline::storage::{AttemptOutcome, AttemptRow, DeliveryStore};
+
+const CQL_ADDR: &str = "127.0.0.1:9042";
+const ENDPOINTS: u64 = 500;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A realistic mix: most attempts succeed, one in ten is a 503 with a retry, one in fifty is a
+/// 404 dead letter; bodies of a few hundred bytes.
+fn row(n: u64) -> AttemptRow {
+    let mut row = attempt_row(&format!("evt_b{n}"), &format!("ep_b{}", n % ENDPOINTS), 1);
+    row.started_at = SystemTime::now();
+    row.response_body = vec![b'x'; 300];
+    if n.is_multiple_of(10) {
+        row.status = Some(503);
+        row.error_class = Some(ErrorClass::HttpStatus);
+        row.outcome = AttemptOutcome::RetryScheduled {
+            next_attempt_at: row.started_at + Duration::from_secs(30),
+        };
+    } else if n % 50 == 1 {
+        row.status = Some(404);
+        row.error_class = Some(ErrorClass::HttpStatus);
+        row.outcome = AttemptOutcome::Dead {
+            reason: DeadReason::HttpStatus,
+        };
+    }
+    row
+}
+
+async fn run(store: Arc<ScyllaStore>, concurrency: usize, length: Duration, next: Arc<AtomicU64>) {
+    let deadline = Instant::now() + length;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let store = store.clone();
+            let next = next.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut errors = 0u64;
+                while Instant::now() < deadline {
+                    let r = row(next.fetch_add(1, Ordering::Relaxed));
+                    let start = Instant::now();
+                    match store.record_attempt(&r).await {
+                        Ok(()) => latencies.push(start.elapsed()),
+                        Err(_) => errors += 1,
+                    }
+                }
+                (latencies, errors)
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.expect("bench task");
+        all.extend(l);
+        errors += e;
+    }
+    let elapsed = started.elapsed();
+    all.sort();
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    println!(
+        "concurrency {concurrency:>3}: {:>7} attempts in {:>5.1}s = {:>7.0} attempts/s; latency p50 {:>6.1} ms, p99 {:>6.1} ms, max {:>6.1} ms; {errors} errors",
+        all.len(),
+        elapsed.as_secs_f64(),
+        all.len() as f64 / elapsed.as_secs_f64(),
+        pct(0.50).as_secs_f64() * 1e3,
+        pct(0.99).as_secs_f64() * 1e3,
+        all.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+    );
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        if tokio::net::TcpStream::connect(CQL_ADDR).await.is_err() {
+            eprintln!("no CQL server on {CQL_ADDR}: start it with `tests/services up`");
+            std::process::exit(1);
+        }
+        let defaults = ScyllaConfig::default();
+        let config = ScyllaConfig {
+            nodes: vec![CQL_ADDR.into()],
+            keyspace: format!(
+                "hl_bench_{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            ),
+            max_concurrent_writes: env_u64(
+                "HOOKLINE_BENCH_MAX_WRITES",
+                defaults.max_concurrent_writes as u64,
+            ) as usize,
+            write_timeout: Duration::from_secs(10),
+            ..defaults
+        };
+        let session = Arc::new(connect_session(&config).await.expect("connect"));
+        migrate(
+            &session,
+            &config.keyspace,
+            &config.replication().expect("replication"),
+            MIGRATIONS,
+        )
+        .await
+        .expect("migrate");
+        let store = Arc::new(
+            ScyllaStore::with_session(session.clone(), &config)
+                .await
+                .expect("store"),
+        );
+        let length = Duration::from_secs(env_u64("HOOKLINE_BENCH_SECS", 10));
+        println!(
+            "attempt log on {CQL_ADDR}, keyspace {}, max_concurrent_writes {}, {}s per run",
+            config.keyspace,
+            config.max_concurrent_writes,
+            length.as_secs()
+        );
+        let next = Arc::new(AtomicU64::new(0));
+        // Warm-up: connections, prepared statement caches, the server's JIT.
+        run(store.clone(), 32, Duration::from_secs(2), next.clone()).await;
+        for concurrency in [64, 256] {
+            run(store.clone(), concurrency, length, next.clone()).await;
+        }
+        let drop = format!("DROP KEYSPACE IF EXISTS {}", config.keyspace);
+        if let Err(e) = session.query_unpaged(drop, ()).await {
+            eprintln!("could not drop {}: {e}", config.keyspace);
+        }
+    });
+}

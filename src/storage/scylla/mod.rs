@@ -1,0 +1,1146 @@
+//! The CQL store: ScyllaDB in production, Apache Cassandra 5 in this project's tests.
+//!
+//! Tables are in `schemas/cql/` (applied by [`crate::migrate`]). Writes are prepared
+//! statements, token-aware (the driver's default policy, optionally pinned to `local_dc`),
+//! bounded by a semaphore of `max_concurrent_writes` requests in flight, each under the
+//! `write_timeout` of the session's execution profile.
+//!
+//! One attempt = 4 to 6 writes issued concurrently (attempt row, delivery state, history entry,
+//! event index, the endpoint's day index when not written recently, the dead letter when the
+//! attempt dead-lettered); `record_attempt` returns `Ok` only when all succeeded. Every write is
+//! idempotent, so the pipeline can simply retry a failed `record_attempt`: no read happens
+//! before a write, and
+//! - delivery state columns are written `USING TIMESTAMP` = the attempt's start (µs), so the
+//!   latest-started attempt sets the status whatever order attempts are logged in;
+//! - the attempt count and first attempt come from a set of (started_at, attempt) keys: a
+//!   duplicate of the same attempt adds nothing (a counter would count it twice).
+//!
+//! Differences from the embedded store, by design: times are kept at millisecond precision (CQL
+//! `timestamp`); logging the exact same attempt twice stores it once; two attempts started in
+//! the same microsecond resolve by CQL's value tie-break rather than by logging order.
+//!
+//! History pages walk an endpoint's day buckets newest first (`endpoint_days` lists the
+//! non-empty ones). Each history entry is checked against the delivery's state (one point read
+//! per distinct delivery on the page) and kept only if it is the delivery's first attempt;
+//! `status` is filtered the same way, client-side. A page reads at most [`MAX_SCANNED`] entries:
+//! a rare status over a long history may come back short, with a cursor to continue from.
+//!
+//! When the cluster is unreachable every call fails with [`StoreError::Unavailable`] after at
+//! most `write_timeout`; the driver keeps reconnecting, so calls succeed again once it is back.
+
+mod config;
+mod row;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use futures::{StreamExt, TryStreamExt};
+use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::errors::{
+    DbError, ExecutionError, NextRowError, PagerExecutionError, RequestAttemptError,
+};
+use scylla::frame::types::Consistency;
+use scylla::policies::load_balancing::DefaultPolicy;
+use scylla::serialize::row::SerializeRow;
+use scylla::statement::prepared::PreparedStatement;
+use scylla::value::CqlTimestamp;
+use scylla::{DeserializeRow, SerializeRow};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+pub use config::{ConfigError, MAX_CQL_TTL, Replication, ScyllaConfig, valid_keyspace};
+use row::{HistoryKey, day_of, from_cql, status_after, to_cql, write_timestamp};
+
+use super::{
+    AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, DeliveryStore, HistoryQuery,
+    MAX_PAGE, Page, ReplayAudit, StoreError,
+};
+use crate::attempt::ErrorClass;
+use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
+use crate::retry_policy::DeadReason;
+
+/// Most history entries one page request reads before it returns what it has.
+pub const MAX_SCANNED: usize = 5_000;
+/// Most deliveries `event_deliveries` returns (an event fans out to this many endpoints at most).
+pub const MAX_EVENT_DELIVERIES: usize = 10_000;
+/// Most attempts `attempts` returns for one delivery.
+pub const MAX_ATTEMPTS_READ: usize = 10_000;
+/// Most replays `replays` returns.
+pub const MAX_REPLAYS_READ: u32 = 1_000;
+/// History entries resolved against delivery state per round of point reads.
+const RESOLVE_CHUNK: usize = 64;
+/// Point reads in flight for one history page or event listing.
+const READ_FAN_OUT: usize = 16;
+/// An endpoint's day index is rewritten at most this often per (endpoint, day) and process;
+/// its TTL is [`DAY_INDEX_SLACK`] longer than the entries' so it outlives every entry written
+/// while the cached write is trusted.
+const DAY_INDEX_REFRESH: Duration = Duration::from_secs(86_400);
+const DAY_INDEX_SLACK: Duration = Duration::from_secs(2 * 86_400);
+/// Bound on the cache of recently written (endpoint, day) pairs.
+const DAY_CACHE_CAPACITY: usize = 65_536;
+/// The partition of `recent_replays`.
+const REPLAY_FEED: &str = "all";
+
+/// Why the CQL store could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ScyllaError {
+    /// The `[store.scylla]` settings are unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// No node of the cluster could be reached.
+    #[error("cannot connect to CQL nodes {nodes:?}: {detail}")]
+    Connect {
+        /// The configured contact points.
+        nodes: Vec<String>,
+        /// The driver's reason.
+        detail: String,
+    },
+    /// The keyspace is missing tables this binary needs.
+    #[error(
+        "keyspace {keyspace:?} is at schema version {found}, this hookline needs {needed}: \
+         run `hookline migrate`"
+    )]
+    SchemaBehind {
+        /// The keyspace.
+        keyspace: String,
+        /// The newest version applied (0: none).
+        found: u32,
+        /// The newest version this binary knows.
+        needed: u32,
+    },
+    /// A statement could not be prepared or a query failed during set-up.
+    #[error("CQL set-up failed: {0}")]
+    Cql(String),
+}
+
+/// Opens a session on the configured cluster: token-aware routing (within `local_dc` when set),
+/// LOCAL_QUORUM, and `write_timeout` on every request.
+pub async fn connect_session(config: &ScyllaConfig) -> Result<Session, ScyllaError> {
+    config.validate()?;
+    let mut policy = DefaultPolicy::builder().token_aware(true);
+    if let Some(dc) = &config.local_dc {
+        policy = policy.prefer_datacenter(dc.clone());
+    }
+    let profile = ExecutionProfile::builder()
+        .load_balancing_policy(policy.build())
+        .consistency(Consistency::LocalQuorum)
+        .request_timeout(Some(config.write_timeout))
+        .build();
+    SessionBuilder::new()
+        .known_nodes(&config.nodes)
+        .default_execution_profile_handle(profile.into_handle())
+        .build()
+        .await
+        .map_err(|e| ScyllaError::Connect {
+            nodes: config.nodes.clone(),
+            detail: e.to_string(),
+        })
+}
+
+/// The prepared statements, all on fully qualified tables so the session's keyspace is
+/// irrelevant.
+struct Statements {
+    insert_attempt: PreparedStatement,
+    update_state: PreparedStatement,
+    insert_history: PreparedStatement,
+    insert_day: PreparedStatement,
+    insert_by_event: PreparedStatement,
+    insert_dead: PreparedStatement,
+    insert_replay: PreparedStatement,
+    insert_recent_replay: PreparedStatement,
+    select_attempts: PreparedStatement,
+    select_state: PreparedStatement,
+    select_days: PreparedStatement,
+    select_history: PreparedStatement,
+    select_history_before: PreparedStatement,
+    select_by_event: PreparedStatement,
+    select_recent_replays: PreparedStatement,
+    select_dead: PreparedStatement,
+}
+
+impl Statements {
+    async fn prepare(session: &Session, ks: &str) -> Result<Statements, ScyllaError> {
+        let p = |cql: String| async move {
+            let mut st = session
+                .prepare(cql.as_str())
+                .await
+                .map_err(|e| ScyllaError::Cql(format!("preparing {cql:?}: {e}")))?;
+            // Every statement here may run twice with the same effect, which lets the driver
+            // retry it after a timeout.
+            st.set_is_idempotent(true);
+            Ok::<_, ScyllaError>(st)
+        };
+        Ok(Statements {
+            insert_attempt: p(format!(
+                "INSERT INTO {ks}.attempts_by_delivery (delivery_id, started_at, attempt, \
+                 event_id, endpoint_id, tenant, event_type, status, latency_ms, error_class, \
+                 response_body, signing_key_ids, replay_id, outcome, next_attempt_at, \
+                 dead_reason) VALUES (:delivery_id, :started_at, :attempt, :event_id, \
+                 :endpoint_id, :tenant, :event_type, :status, :latency_ms, :error_class, \
+                 :response_body, :signing_key_ids, :replay_id, :outcome, :next_attempt_at, \
+                 :dead_reason) USING TTL :ttl"
+            ))
+            .await?,
+            update_state: p(format!(
+                "UPDATE {ks}.delivery_state USING TTL :ttl AND TIMESTAMP :ts SET \
+                 event_id = :event_id, endpoint_id = :endpoint_id, tenant = :tenant, \
+                 event_type = :event_type, status = :status, \
+                 last_attempt_at = :last_attempt_at, next_attempt_at = :next_attempt_at, \
+                 last_status = :last_status, last_error_class = :last_error_class, \
+                 attempt_keys = attempt_keys + :attempt_keys WHERE delivery_id = :delivery_id"
+            ))
+            .await?,
+            insert_history: p(format!(
+                "INSERT INTO {ks}.deliveries_by_endpoint (endpoint_id, day, at, delivery_id) \
+                 VALUES (?, ?, ?, ?) USING TTL ?"
+            ))
+            .await?,
+            insert_day: p(format!(
+                "INSERT INTO {ks}.endpoint_days (endpoint_id, day) VALUES (?, ?) USING TTL ?"
+            ))
+            .await?,
+            insert_by_event: p(format!(
+                "INSERT INTO {ks}.deliveries_by_event (event_id, delivery_id, endpoint_id) \
+                 VALUES (?, ?, ?) USING TTL ?"
+            ))
+            .await?,
+            insert_dead: p(format!(
+                "INSERT INTO {ks}.dead_letters_by_endpoint (endpoint_id, day, dead_at, \
+                 delivery_id, event_id, tenant, event_type, attempt, reason, last_status) \
+                 VALUES (:endpoint_id, :day, :dead_at, :delivery_id, :event_id, :tenant, \
+                 :event_type, :attempt, :reason, :last_status) USING TTL :ttl"
+            ))
+            .await?,
+            insert_replay: p(format!(
+                "INSERT INTO {ks}.replay_audit (replay_id, actor, reason, at, scope, count, \
+                 dry_run) VALUES (:replay_id, :actor, :reason, :at, :scope, :count, :dry_run) \
+                 USING TTL :ttl"
+            ))
+            .await?,
+            insert_recent_replay: p(format!(
+                "INSERT INTO {ks}.recent_replays (feed, at, replay_id, actor, reason, scope, \
+                 count, dry_run) VALUES (:feed, :at, :replay_id, :actor, :reason, :scope, \
+                 :count, :dry_run) USING TTL :ttl"
+            ))
+            .await?,
+            select_attempts: p(format!(
+                "SELECT delivery_id, started_at, attempt, event_id, endpoint_id, tenant, \
+                 event_type, status, latency_ms, error_class, response_body, signing_key_ids, \
+                 replay_id, outcome, next_attempt_at, dead_reason \
+                 FROM {ks}.attempts_by_delivery WHERE delivery_id = ?"
+            ))
+            .await?,
+            select_state: p(format!(
+                "SELECT delivery_id, event_id, endpoint_id, tenant, event_type, status, \
+                 last_attempt_at, next_attempt_at, last_status, last_error_class, attempt_keys \
+                 FROM {ks}.delivery_state WHERE delivery_id = ?"
+            ))
+            .await?,
+            select_days: p(format!(
+                "SELECT day FROM {ks}.endpoint_days WHERE endpoint_id = ? AND day >= ? AND day <= ?"
+            ))
+            .await?,
+            select_history: p(format!(
+                "SELECT at, delivery_id FROM {ks}.deliveries_by_endpoint \
+                 WHERE endpoint_id = ? AND day = ?"
+            ))
+            .await?,
+            select_history_before: p(format!(
+                "SELECT at, delivery_id FROM {ks}.deliveries_by_endpoint \
+                 WHERE endpoint_id = ? AND day = ? AND (at, delivery_id) < (?, ?)"
+            ))
+            .await?,
+            select_by_event: p(format!(
+                "SELECT delivery_id FROM {ks}.deliveries_by_event WHERE event_id = ?"
+            ))
+            .await?,
+            select_recent_replays: p(format!(
+                "SELECT replay_id, actor, reason, at, scope, count, dry_run \
+                 FROM {ks}.recent_replays WHERE feed = ? LIMIT ?"
+            ))
+            .await?,
+            select_dead: p(format!(
+                "SELECT dead_at, delivery_id, event_id, tenant, event_type, attempt, reason, \
+                 last_status FROM {ks}.dead_letters_by_endpoint \
+                 WHERE endpoint_id = ? AND day = ? LIMIT ?"
+            ))
+            .await?,
+        })
+    }
+}
+
+/// [`DeliveryStore`] on a CQL cluster (ScyllaDB, Apache Cassandra 4/5).
+pub struct ScyllaStore {
+    session: Arc<Session>,
+    st: Statements,
+    permits: Semaphore,
+    attempt_ttl: i32,
+    day_index_ttl: i32,
+    audit_ttl: i32,
+    /// (endpoint, day) pairs whose day-index row this process wrote recently.
+    days_written: Mutex<HashMap<(EndpointId, i32), Instant>>,
+}
+
+impl std::fmt::Debug for ScyllaStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScyllaStore")
+            .field("attempt_ttl", &self.attempt_ttl)
+            .field("available_permits", &self.permits.available_permits())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One dead letter, as listed by [`ScyllaStore::dead_letters`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// When the delivery was dead-lettered (its last attempt's start).
+    pub dead_at: SystemTime,
+    /// The delivery.
+    pub delivery_id: DeliveryId,
+    /// The event.
+    pub event_id: EventId,
+    /// The endpoint's tenant.
+    pub tenant: Tenant,
+    /// The event's type.
+    pub event_type: String,
+    /// The attempt that dead-lettered it.
+    pub attempt: u32,
+    /// Why.
+    pub reason: DeadReason,
+    /// Its HTTP status, if a response arrived.
+    pub last_status: Option<u16>,
+}
+
+#[derive(SerializeRow)]
+struct AttemptValues<'a> {
+    delivery_id: &'a str,
+    started_at: CqlTimestamp,
+    attempt: i32,
+    event_id: &'a str,
+    endpoint_id: &'a str,
+    tenant: &'a str,
+    event_type: &'a str,
+    status: Option<i32>,
+    latency_ms: i64,
+    error_class: Option<&'static str>,
+    response_body: &'a [u8],
+    signing_key_ids: &'a [String],
+    replay_id: Option<&'a str>,
+    outcome: &'static str,
+    next_attempt_at: Option<CqlTimestamp>,
+    dead_reason: Option<&'static str>,
+    ttl: i32,
+}
+
+#[derive(SerializeRow)]
+struct StateValues<'a> {
+    ttl: i32,
+    ts: i64,
+    event_id: &'a str,
+    endpoint_id: &'a str,
+    tenant: &'a str,
+    event_type: &'a str,
+    status: &'static str,
+    last_attempt_at: CqlTimestamp,
+    next_attempt_at: Option<CqlTimestamp>,
+    last_status: Option<i32>,
+    last_error_class: Option<&'static str>,
+    attempt_keys: Vec<(CqlTimestamp, i32)>,
+    delivery_id: &'a str,
+}
+
+#[derive(SerializeRow)]
+struct DeadValues<'a> {
+    endpoint_id: &'a str,
+    day: i32,
+    dead_at: CqlTimestamp,
+    delivery_id: &'a str,
+    event_id: &'a str,
+    tenant: &'a str,
+    event_type: &'a str,
+    attempt: i32,
+    reason: &'static str,
+    last_status: Option<i32>,
+    ttl: i32,
+}
+
+#[derive(SerializeRow)]
+struct ReplayValues<'a> {
+    replay_id: &'a str,
+    actor: &'a str,
+    reason: &'a str,
+    at: CqlTimestamp,
+    scope: &'a str,
+    count: i64,
+    dry_run: bool,
+    ttl: i32,
+}
+
+#[derive(SerializeRow)]
+struct RecentReplayValues<'a> {
+    feed: &'static str,
+    replay_id: &'a str,
+    actor: &'a str,
+    reason: &'a str,
+    at: CqlTimestamp,
+    scope: &'a str,
+    count: i64,
+    dry_run: bool,
+    ttl: i32,
+}
+
+#[derive(DeserializeRow)]
+struct AttemptCols {
+    delivery_id: String,
+    started_at: CqlTimestamp,
+    attempt: i32,
+    event_id: Option<String>,
+    endpoint_id: Option<String>,
+    tenant: Option<String>,
+    event_type: Option<String>,
+    status: Option<i32>,
+    latency_ms: Option<i64>,
+    error_class: Option<String>,
+    response_body: Option<Vec<u8>>,
+    signing_key_ids: Option<Vec<String>>,
+    replay_id: Option<String>,
+    outcome: Option<String>,
+    next_attempt_at: Option<CqlTimestamp>,
+    dead_reason: Option<String>,
+}
+
+#[derive(DeserializeRow)]
+struct StateCols {
+    delivery_id: String,
+    event_id: Option<String>,
+    endpoint_id: Option<String>,
+    tenant: Option<String>,
+    event_type: Option<String>,
+    status: Option<String>,
+    last_attempt_at: Option<CqlTimestamp>,
+    next_attempt_at: Option<CqlTimestamp>,
+    last_status: Option<i32>,
+    last_error_class: Option<String>,
+    attempt_keys: Option<Vec<(CqlTimestamp, i32)>>,
+}
+
+#[derive(DeserializeRow)]
+struct ReplayCols {
+    replay_id: String,
+    actor: Option<String>,
+    reason: Option<String>,
+    at: CqlTimestamp,
+    scope: Option<String>,
+    count: Option<i64>,
+    dry_run: Option<bool>,
+}
+
+#[derive(DeserializeRow)]
+struct DeadCols {
+    dead_at: CqlTimestamp,
+    delivery_id: String,
+    event_id: Option<String>,
+    tenant: Option<String>,
+    event_type: Option<String>,
+    attempt: Option<i32>,
+    reason: Option<String>,
+    last_status: Option<i32>,
+}
+
+fn corrupt(what: &str, id: &str) -> StoreError {
+    StoreError::Backend(format!("unreadable {what} row for {id}"))
+}
+
+fn status_col(status: Option<u16>) -> Option<i32> {
+    status.map(i32::from)
+}
+
+fn status_from_col(status: Option<i32>) -> Option<u16> {
+    status.and_then(|s| u16::try_from(s).ok())
+}
+
+fn attempt_col(attempt: u32) -> Result<i32, StoreError> {
+    i32::try_from(attempt)
+        .map_err(|_| StoreError::Backend(format!("attempt number {attempt} exceeds CQL int")))
+}
+
+/// Errors that mean "the cluster did not answer in time or at all" become
+/// [`StoreError::Unavailable`]; the rest [`StoreError::Backend`]. The pipeline retries both, the
+/// distinction is for operators.
+fn exec_error(e: ExecutionError) -> StoreError {
+    let transient = match &e {
+        ExecutionError::EmptyPlan
+        | ExecutionError::ConnectionPoolError(_)
+        | ExecutionError::RequestTimeout(_) => true,
+        ExecutionError::LastAttemptError(a) => transient_attempt(a),
+        _ => false,
+    };
+    if transient {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Backend(e.to_string())
+    }
+}
+
+fn transient_attempt(e: &RequestAttemptError) -> bool {
+    match e {
+        RequestAttemptError::BrokenConnectionError(_)
+        | RequestAttemptError::UnableToAllocStreamId => true,
+        RequestAttemptError::DbError(db, _) => matches!(
+            db,
+            DbError::Unavailable { .. }
+                | DbError::Overloaded
+                | DbError::IsBootstrapping
+                | DbError::ReadTimeout { .. }
+                | DbError::WriteTimeout { .. }
+                | DbError::ReadFailure { .. }
+                | DbError::WriteFailure { .. }
+                | DbError::ServerError
+                | DbError::RateLimitReached { .. }
+        ),
+        _ => false,
+    }
+}
+
+fn pager_error(e: PagerExecutionError) -> StoreError {
+    match e {
+        PagerExecutionError::NextPageError(_) => StoreError::Unavailable(e.to_string()),
+        _ => StoreError::Backend(e.to_string()),
+    }
+}
+
+fn row_error(e: NextRowError) -> StoreError {
+    match e {
+        NextRowError::NextPageError(_) => StoreError::Unavailable(e.to_string()),
+        _ => StoreError::Backend(e.to_string()),
+    }
+}
+
+impl ScyllaStore {
+    /// Connects to the configured cluster, checks that the keyspace is migrated and prepares
+    /// every statement.
+    pub async fn connect(config: &ScyllaConfig) -> Result<ScyllaStore, ScyllaError> {
+        let session = connect_session(config).await?;
+        ScyllaStore::with_session(Arc::new(session), config).await
+    }
+
+    /// Builds the store on an open session (shared with, e.g., the migrator in tests). The
+    /// session's own keyspace does not matter: statements name `config.keyspace`.
+    pub async fn with_session(
+        session: Arc<Session>,
+        config: &ScyllaConfig,
+    ) -> Result<ScyllaStore, ScyllaError> {
+        config.validate()?;
+        let ks = &config.keyspace;
+        let found = crate::migrate::applied_versions(&session, ks)
+            .await
+            .map_err(|e| ScyllaError::Cql(e.to_string()))?
+            .iter()
+            .map(|v| v.version)
+            .max()
+            .unwrap_or(0);
+        let needed = crate::migrate::LATEST_VERSION;
+        if found < needed {
+            return Err(ScyllaError::SchemaBehind {
+                keyspace: ks.clone(),
+                found,
+                needed,
+            });
+        }
+        let st = Statements::prepare(&session, ks).await?;
+        let attempt_ttl = config.attempt_ttl_secs();
+        let day_index_ttl = i32::try_from(
+            (config.attempt_ttl + DAY_INDEX_SLACK)
+                .min(MAX_CQL_TTL)
+                .as_secs(),
+        )
+        .unwrap_or(i32::MAX);
+        Ok(ScyllaStore {
+            session,
+            st,
+            permits: Semaphore::new(config.max_concurrent_writes),
+            attempt_ttl,
+            day_index_ttl,
+            audit_ttl: config.audit_ttl_secs(),
+            days_written: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The session, for callers that share it (tests, the migrator).
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    /// An endpoint's dead letters of one UTC day, newest first, at most `limit` (1..=500).
+    pub async fn dead_letters(
+        &self,
+        endpoint: &EndpointId,
+        day: SystemTime,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let limit = i32::try_from(limit.clamp(1, MAX_PAGE)).unwrap_or(1);
+        let _permit = self.permit(1).await?;
+        let result = self
+            .session
+            .execute_unpaged(
+                &self.st.select_dead,
+                (endpoint.as_str(), day_of(to_cql(day)), limit),
+            )
+            .await
+            .map_err(exec_error)?;
+        let rows = result
+            .into_rows_result()
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let mut out = Vec::new();
+        for r in rows
+            .rows::<DeadCols>()
+            .map_err(|e| StoreError::Backend(e.to_string()))?
+        {
+            let r = r.map_err(|e| StoreError::Backend(e.to_string()))?;
+            let bad = || corrupt("dead letter", &r.delivery_id);
+            out.push(DeadLetter {
+                dead_at: from_cql(r.dead_at),
+                delivery_id: DeliveryId::parse(r.delivery_id.as_str()).map_err(|_| bad())?,
+                event_id: EventId::parse(r.event_id.clone().ok_or_else(bad)?).map_err(|_| bad())?,
+                tenant: Tenant::parse(r.tenant.clone().ok_or_else(bad)?).map_err(|_| bad())?,
+                event_type: r.event_type.clone().unwrap_or_default(),
+                attempt: r.attempt.and_then(|a| u32::try_from(a).ok()).unwrap_or(0),
+                reason: r
+                    .reason
+                    .as_deref()
+                    .and_then(DeadReason::parse)
+                    .ok_or_else(bad)?,
+                last_status: status_from_col(r.last_status),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn permit(&self, n: u32) -> Result<tokio::sync::SemaphorePermit<'_>, StoreError> {
+        self.permits
+            .acquire_many(n)
+            .await
+            .map_err(|_| StoreError::Unavailable("store is shutting down".into()))
+    }
+
+    async fn write(
+        &self,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+    ) -> Result<(), StoreError> {
+        self.session
+            .execute_unpaged(statement, values)
+            .await
+            .map(|_| ())
+            .map_err(exec_error)
+    }
+
+    /// Whether this (endpoint, day) still needs its day-index row written by this process.
+    fn day_needs_write(&self, endpoint: &EndpointId, day: i32) -> bool {
+        let cache = self.days_written.lock().unwrap_or_else(|e| e.into_inner());
+        cache
+            .get(&(endpoint.clone(), day))
+            .is_none_or(|at| at.elapsed() >= DAY_INDEX_REFRESH)
+    }
+
+    fn day_written(&self, endpoint: &EndpointId, day: i32, at: Instant) {
+        let mut cache = self.days_written.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= DAY_CACHE_CAPACITY {
+            // Forgetting only costs a redundant idempotent write per pair.
+            cache.clear();
+        }
+        cache.insert((endpoint.clone(), day), at);
+    }
+
+    async fn read_state(&self, id: &str) -> Result<Option<DeliveryState>, StoreError> {
+        let _permit = self.permit(1).await?;
+        let result = self
+            .session
+            .execute_unpaged(&self.st.select_state, (id,))
+            .await
+            .map_err(exec_error)?;
+        let rows = result
+            .into_rows_result()
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let Some(cols) = rows
+            .maybe_first_row::<StateCols>()
+            .map_err(|e| StoreError::Backend(e.to_string()))?
+        else {
+            return Ok(None);
+        };
+        state_from_cols(cols)
+    }
+
+    /// An endpoint's non-empty day buckets in `min..=max`, newest first.
+    async fn history_days(
+        &self,
+        endpoint: &EndpointId,
+        min: i32,
+        max: i32,
+    ) -> Result<Vec<i32>, StoreError> {
+        let _permit = self.permit(1).await?;
+        let mut stream = self
+            .session
+            .execute_iter(self.st.select_days.clone(), (endpoint.as_str(), min, max))
+            .await
+            .map_err(pager_error)?
+            .rows_stream::<(i32,)>()
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let mut days = Vec::new();
+        // CQL's TTL limit bounds the number of days with rows to about 7300.
+        while let Some(row) = stream.next().await {
+            days.push(row.map_err(row_error)?.0);
+        }
+        Ok(days)
+    }
+
+    /// Resolves a run of history entries against delivery state, appending the entries that are
+    /// their delivery's first attempt (and match the status filter) to `found`.
+    async fn resolve(
+        &self,
+        endpoint: &EndpointId,
+        status: Option<DeliveryStatus>,
+        batch: &mut Vec<HistoryKey>,
+        states: &mut HashMap<DeliveryId, Option<DeliveryState>>,
+        found: &mut Vec<(HistoryKey, DeliveryState)>,
+    ) -> Result<(), StoreError> {
+        let mut missing: Vec<DeliveryId> = batch
+            .iter()
+            .filter(|k| !states.contains_key(&k.delivery_id))
+            .map(|k| k.delivery_id.clone())
+            .collect();
+        missing.sort();
+        missing.dedup();
+        let fetched: Vec<(DeliveryId, Option<DeliveryState>)> = futures::stream::iter(missing)
+            .map(|id| async move {
+                let state = self.read_state(id.as_str()).await?;
+                Ok::<_, StoreError>((id, state))
+            })
+            .buffer_unordered(READ_FAN_OUT)
+            .try_collect()
+            .await?;
+        states.extend(fetched);
+        for key in batch.drain(..) {
+            let Some(Some(state)) = states.get(&key.delivery_id) else {
+                continue;
+            };
+            let first = &state.endpoint_id == endpoint && to_cql(state.first_attempt_at) == key.at;
+            if first && status.is_none_or(|s| s == state.status) {
+                found.push((key, state.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn state_from_cols(c: StateCols) -> Result<Option<DeliveryState>, StoreError> {
+    let keys = c.attempt_keys.unwrap_or_default();
+    // Every attempt's key has expired: the delivery is past retention.
+    let Some(first) = keys.iter().map(|k| k.0.0).min() else {
+        return Ok(None);
+    };
+    let bad = || corrupt("delivery state", &c.delivery_id);
+    let parse_class = |s: Option<String>| -> Result<Option<ErrorClass>, StoreError> {
+        s.map(|s| ErrorClass::parse(&s).ok_or_else(bad)).transpose()
+    };
+    Ok(Some(DeliveryState {
+        delivery_id: DeliveryId::parse(c.delivery_id.as_str()).map_err(|_| bad())?,
+        event_id: EventId::parse(c.event_id.ok_or_else(bad)?).map_err(|_| bad())?,
+        endpoint_id: EndpointId::parse(c.endpoint_id.ok_or_else(bad)?).map_err(|_| bad())?,
+        tenant: Tenant::parse(c.tenant.ok_or_else(bad)?).map_err(|_| bad())?,
+        event_type: c.event_type.ok_or_else(bad)?,
+        status: c
+            .status
+            .as_deref()
+            .and_then(DeliveryStatus::parse)
+            .ok_or_else(bad)?,
+        attempts: u32::try_from(keys.len()).unwrap_or(u32::MAX),
+        first_attempt_at: from_cql(CqlTimestamp(first)),
+        last_attempt_at: from_cql(c.last_attempt_at.ok_or_else(bad)?),
+        next_attempt_at: c.next_attempt_at.map(from_cql),
+        last_status: status_from_col(c.last_status),
+        last_error_class: parse_class(c.last_error_class)?,
+    }))
+}
+
+fn attempt_from_cols(c: AttemptCols) -> Result<AttemptRow, StoreError> {
+    let bad = || corrupt("attempt", &c.delivery_id);
+    let error_class = c
+        .error_class
+        .as_deref()
+        .map(|s| ErrorClass::parse(s).ok_or_else(bad))
+        .transpose()?;
+    let outcome = row::outcome_from_columns(
+        c.outcome.as_deref().ok_or_else(bad)?,
+        c.next_attempt_at,
+        c.dead_reason.as_deref(),
+    )
+    .ok_or_else(bad)?;
+    Ok(AttemptRow {
+        delivery_id: DeliveryId::parse(c.delivery_id.as_str()).map_err(|_| bad())?,
+        event_id: EventId::parse(c.event_id.clone().ok_or_else(bad)?).map_err(|_| bad())?,
+        endpoint_id: EndpointId::parse(c.endpoint_id.clone().ok_or_else(bad)?)
+            .map_err(|_| bad())?,
+        tenant: Tenant::parse(c.tenant.clone().ok_or_else(bad)?).map_err(|_| bad())?,
+        event_type: c.event_type.clone().ok_or_else(bad)?,
+        attempt: u32::try_from(c.attempt).map_err(|_| bad())?,
+        started_at: from_cql(c.started_at),
+        status: status_from_col(c.status),
+        latency_ms: c
+            .latency_ms
+            .and_then(|l| u32::try_from(l).ok())
+            .unwrap_or(0),
+        error_class,
+        response_body: c.response_body.unwrap_or_default(),
+        // CQL stores an empty list as null.
+        signing_key_ids: c.signing_key_ids.unwrap_or_default(),
+        replay_id: c.replay_id,
+        outcome,
+    })
+}
+
+#[async_trait]
+impl DeliveryStore for ScyllaStore {
+    async fn record_attempt(&self, row: &AttemptRow) -> Result<(), StoreError> {
+        let started = to_cql(row.started_at);
+        let day = day_of(started);
+        let attempt = attempt_col(row.attempt)?;
+        let (status, next_attempt_at) = status_after(&row.outcome);
+        let (outcome, next_col, dead_reason) = row::outcome_columns(&row.outcome);
+        let error_class = row.error_class.map(ErrorClass::as_str);
+        let dead = match row.outcome {
+            AttemptOutcome::Dead { reason } => Some(reason),
+            _ => None,
+        };
+        let write_day = self.day_needs_write(&row.endpoint_id, day);
+        let statements = 4 + u32::from(write_day) + u32::from(dead.is_some());
+        let _permits = self.permit(statements).await?;
+        let now = Instant::now();
+
+        let attempt_row = self.write(
+            &self.st.insert_attempt,
+            AttemptValues {
+                delivery_id: row.delivery_id.as_str(),
+                started_at: started,
+                attempt,
+                event_id: row.event_id.as_str(),
+                endpoint_id: row.endpoint_id.as_str(),
+                tenant: row.tenant.as_str(),
+                event_type: &row.event_type,
+                status: status_col(row.status),
+                latency_ms: i64::from(row.latency_ms),
+                error_class,
+                response_body: &row.response_body,
+                signing_key_ids: &row.signing_key_ids,
+                replay_id: row.replay_id.as_deref(),
+                outcome,
+                next_attempt_at: next_col,
+                dead_reason,
+                ttl: self.attempt_ttl,
+            },
+        );
+        let state = self.write(
+            &self.st.update_state,
+            StateValues {
+                ttl: self.attempt_ttl,
+                ts: write_timestamp(row.started_at),
+                event_id: row.event_id.as_str(),
+                endpoint_id: row.endpoint_id.as_str(),
+                tenant: row.tenant.as_str(),
+                event_type: &row.event_type,
+                status: status.as_str(),
+                last_attempt_at: started,
+                next_attempt_at: next_attempt_at.map(to_cql),
+                last_status: status_col(row.status),
+                last_error_class: error_class,
+                attempt_keys: vec![(started, attempt)],
+                delivery_id: row.delivery_id.as_str(),
+            },
+        );
+        let history = self.write(
+            &self.st.insert_history,
+            (
+                row.endpoint_id.as_str(),
+                day,
+                started,
+                row.delivery_id.as_str(),
+                self.attempt_ttl,
+            ),
+        );
+        let by_event = self.write(
+            &self.st.insert_by_event,
+            (
+                row.event_id.as_str(),
+                row.delivery_id.as_str(),
+                row.endpoint_id.as_str(),
+                self.attempt_ttl,
+            ),
+        );
+        let day_index = async {
+            if write_day {
+                self.write(
+                    &self.st.insert_day,
+                    (row.endpoint_id.as_str(), day, self.day_index_ttl),
+                )
+                .await
+            } else {
+                Ok(())
+            }
+        };
+        let dead_letter = async {
+            let Some(reason) = dead else {
+                return Ok(());
+            };
+            self.write(
+                &self.st.insert_dead,
+                DeadValues {
+                    endpoint_id: row.endpoint_id.as_str(),
+                    day,
+                    dead_at: started,
+                    delivery_id: row.delivery_id.as_str(),
+                    event_id: row.event_id.as_str(),
+                    tenant: row.tenant.as_str(),
+                    event_type: &row.event_type,
+                    attempt,
+                    reason: reason.as_str(),
+                    last_status: status_col(row.status),
+                    ttl: self.attempt_ttl,
+                },
+            )
+            .await
+        };
+        tokio::try_join!(
+            attempt_row,
+            state,
+            history,
+            by_event,
+            day_index,
+            dead_letter
+        )?;
+        if write_day {
+            self.day_written(&row.endpoint_id, day, now);
+        }
+        Ok(())
+    }
+
+    async fn delivery(&self, id: &DeliveryId) -> Result<Option<DeliveryState>, StoreError> {
+        self.read_state(id.as_str()).await
+    }
+
+    async fn attempts(&self, id: &DeliveryId) -> Result<Vec<AttemptRow>, StoreError> {
+        let _permit = self.permit(1).await?;
+        let mut stream = self
+            .session
+            .execute_iter(self.st.select_attempts.clone(), (id.as_str(),))
+            .await
+            .map_err(pager_error)?
+            .rows_stream::<AttemptCols>()
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let mut rows = Vec::new();
+        while let Some(cols) = stream.next().await {
+            rows.push(attempt_from_cols(cols.map_err(row_error)?)?);
+            if rows.len() == MAX_ATTEMPTS_READ {
+                break;
+            }
+        }
+        Ok(rows)
+    }
+
+    async fn endpoint_deliveries(
+        &self,
+        endpoint: &EndpointId,
+        query: &HistoryQuery,
+    ) -> Result<Page<DeliveryState>, StoreError> {
+        let limit = query.limit.clamp(1, MAX_PAGE) as usize;
+        let cursor = query
+            .cursor
+            .as_deref()
+            .map(HistoryKey::decode)
+            .transpose()?;
+        let since = query.since.map(to_cql);
+        let max_day = cursor.as_ref().map_or(i32::MAX, |c| c.day);
+        let min_day = since.map_or(i32::MIN, day_of);
+        let days = self.history_days(endpoint, min_day, max_day).await?;
+
+        let mut states = HashMap::new();
+        let mut found: Vec<(HistoryKey, DeliveryState)> = Vec::new();
+        let mut batch: Vec<HistoryKey> = Vec::with_capacity(RESOLVE_CHUNK);
+        let mut last_scanned: Option<HistoryKey> = None;
+        let mut scanned = 0usize;
+        let mut truncated = false;
+        'days: for day in days {
+            let pager = {
+                let _permit = self.permit(1).await?;
+                match &cursor {
+                    Some(c) if c.day == day => {
+                        self.session
+                            .execute_iter(
+                                self.st.select_history_before.clone(),
+                                (endpoint.as_str(), day, c.at, c.delivery_id.as_str()),
+                            )
+                            .await
+                    }
+                    _ => {
+                        self.session
+                            .execute_iter(self.st.select_history.clone(), (endpoint.as_str(), day))
+                            .await
+                    }
+                }
+                .map_err(pager_error)?
+            };
+            let mut entries = pager
+                .rows_stream::<(CqlTimestamp, String)>()
+                .map_err(|e| StoreError::Backend(e.to_string()))?;
+            let mut past_since = false;
+            while let Some(entry) = entries.next().await {
+                let (at, id) = entry.map_err(row_error)?;
+                if since.is_some_and(|s| at.0 < s.0) {
+                    past_since = true;
+                    break;
+                }
+                let delivery_id =
+                    DeliveryId::parse(id.as_str()).map_err(|_| corrupt("history", &id))?;
+                let key = HistoryKey {
+                    day,
+                    at,
+                    delivery_id,
+                };
+                last_scanned = Some(key.clone());
+                batch.push(key);
+                scanned += 1;
+                if batch.len() == RESOLVE_CHUNK || scanned == MAX_SCANNED {
+                    self.resolve(endpoint, query.status, &mut batch, &mut states, &mut found)
+                        .await?;
+                    if found.len() > limit {
+                        break 'days;
+                    }
+                    if scanned == MAX_SCANNED {
+                        truncated = true;
+                        break 'days;
+                    }
+                }
+            }
+            self.resolve(endpoint, query.status, &mut batch, &mut states, &mut found)
+                .await?;
+            if found.len() > limit || past_since {
+                break;
+            }
+        }
+        // One more matching entry than the page holds proves there is a next page.
+        let next_cursor = if found.len() > limit {
+            found.truncate(limit);
+            found.last().map(|(k, _)| k.encode())
+        } else if truncated {
+            last_scanned.map(|k| k.encode())
+        } else {
+            None
+        };
+        Ok(Page {
+            items: found.into_iter().map(|(_, s)| s).collect(),
+            next_cursor,
+        })
+    }
+
+    async fn event_deliveries(&self, event: &EventId) -> Result<Vec<DeliveryState>, StoreError> {
+        let ids: Vec<String> = {
+            let _permit = self.permit(1).await?;
+            let mut stream = self
+                .session
+                .execute_iter(self.st.select_by_event.clone(), (event.as_str(),))
+                .await
+                .map_err(pager_error)?
+                .rows_stream::<(String,)>()
+                .map_err(|e| StoreError::Backend(e.to_string()))?;
+            let mut ids = Vec::new();
+            while let Some(row) = stream.next().await {
+                ids.push(row.map_err(row_error)?.0);
+                if ids.len() == MAX_EVENT_DELIVERIES {
+                    break;
+                }
+            }
+            ids
+        };
+        let states: Vec<Option<DeliveryState>> = futures::stream::iter(ids)
+            .map(|id| async move { self.read_state(&id).await })
+            .buffered(READ_FAN_OUT)
+            .try_collect()
+            .await?;
+        Ok(states
+            .into_iter()
+            .flatten()
+            .filter(|s| &s.event_id == event)
+            .collect())
+    }
+
+    async fn record_replay(&self, audit: &ReplayAudit) -> Result<(), StoreError> {
+        let at = to_cql(audit.at);
+        let count = i64::try_from(audit.count).unwrap_or(i64::MAX);
+        let _permits = self.permit(2).await?;
+        let by_id = self.write(
+            &self.st.insert_replay,
+            ReplayValues {
+                replay_id: &audit.replay_id,
+                actor: &audit.actor,
+                reason: &audit.reason,
+                at,
+                scope: &audit.scope,
+                count,
+                dry_run: audit.dry_run,
+                ttl: self.audit_ttl,
+            },
+        );
+        let recent = self.write(
+            &self.st.insert_recent_replay,
+            RecentReplayValues {
+                feed: REPLAY_FEED,
+                replay_id: &audit.replay_id,
+                actor: &audit.actor,
+                reason: &audit.reason,
+                at,
+                scope: &audit.scope,
+                count,
+                dry_run: audit.dry_run,
+                ttl: self.audit_ttl,
+            },
+        );
+        tokio::try_join!(by_id, recent)?;
+        Ok(())
+    }
+
+    async fn replays(&self, limit: u32) -> Result<Vec<ReplayAudit>, StoreError> {
+        if limit == 0 {
+            return Ok(vec![]);
+        }
+        let limit = i32::try_from(limit.min(MAX_REPLAYS_READ)).unwrap_or(1);
+        let _permit = self.permit(1).await?;
+        let result = self
+            .session
+            .execute_unpaged(&self.st.select_recent_replays, (REPLAY_FEED, limit))
+            .await
+            .map_err(exec_error)?;
+        let rows = result
+            .into_rows_result()
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let mut out = Vec::new();
+        for r in rows
+            .rows::<ReplayCols>()
+            .map_err(|e| StoreError::Backend(e.to_string()))?
+        {
+            let r = r.map_err(|e| StoreError::Backend(e.to_string()))?;
+            out.push(ReplayAudit {
+                replay_id: r.replay_id,
+                actor: r.actor.unwrap_or_default(),
+                reason: r.reason.unwrap_or_default(),
+                at: from_cql(r.at),
+                scope: r.scope.unwrap_or_default(),
+                count: r.count.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
+                dry_run: r.dry_run.unwrap_or(false),
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,374 @@
+//! The CQL store and `hookline migrate` against the real server (Apache Cassandra 5 standing in
+//! for ScyllaDB) on 127.0.0.1:9042, started by `tests/services up`. Every test works in its own
+//! keyspace and drops it at the end, pass or fail.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::FutureExt;
+use hookline::attempt::ErrorClass;
+use hookline::id::EndpointId;
+use hookline::migrate::{MIGRATIONS, MigrateError, migrate};
+use hookline::storage::conformance::{self, attempt_row};
+use hookline::storage::scylla::{ScyllaConfig, ScyllaError, ScyllaStore, connect_session};
+use hookline::storage::{AttemptOutcome, DeliveryStore, HistoryQuery};
+use scylla::client::session::Session;
+
+const CQL_ADDR: &str = "127.0.0.1:9042";
+
+struct Cql {
+    session: Arc<Session>,
+    config: ScyllaConfig,
+}
+
+/// A session on the test server and a fresh keyspace name; fails (never skips) when the server
+/// is not running.
+async fn cql() -> Cql {
+    let reachable = tokio::time::timeout(
+        Duration::from_secs(3),
+        tokio::net::TcpStream::connect(CQL_ADDR),
+    )
+    .await;
+    if !matches!(reachable, Ok(Ok(_))) {
+        panic!(
+            "no CQL server on {CQL_ADDR} ({reachable:?}): start it with `tests/services up` \
+             (these tests never skip)"
+        );
+    }
+    let config = ScyllaConfig {
+        nodes: vec![CQL_ADDR.into()],
+        keyspace: format!(
+            "hl_test_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        ),
+        // A busy 2-core machine running Cassandra and builds: be patient, schema changes are slow.
+        write_timeout: Duration::from_secs(20),
+        ..ScyllaConfig::default()
+    };
+    let session = connect_session(&config).await.expect("connect to CQL");
+    Cql {
+        session: Arc::new(session),
+        config,
+    }
+}
+
+impl Cql {
+    async fn migrate(&self) -> hookline::migrate::MigrationReport {
+        migrate(
+            &self.session,
+            &self.config.keyspace,
+            &self.config.replication().unwrap(),
+            MIGRATIONS,
+        )
+        .await
+        .expect("migrate")
+    }
+
+    async fn store(&self) -> Arc<ScyllaStore> {
+        Arc::new(
+            ScyllaStore::with_session(self.session.clone(), &self.config)
+                .await
+                .expect("open store"),
+        )
+    }
+
+    /// Runs `body`, then drops the keyspace whether `body` panicked or not.
+    async fn run<F: std::future::Future<Output = ()>>(self, body: impl FnOnce(Arc<Cql>) -> F) {
+        let this = Arc::new(self);
+        let outcome = AssertUnwindSafe(body(this.clone())).catch_unwind().await;
+        let drop = format!("DROP KEYSPACE IF EXISTS {}", this.config.keyspace);
+        if let Err(e) = this.session.query_unpaged(drop, ()).await {
+            eprintln!("could not drop {}: {e}", this.config.keyspace);
+        }
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_passes_on_the_real_server() {
+    cql()
+        .await
+        .run(|c| async move {
+            c.migrate().await;
+            let store = c.store().await;
+            conformance::run(store.as_ref()).await;
+            // The suite's ids are unique per run: running it again in the same keyspace is the
+            // "existing data" case.
+            conformance::run(store.as_ref()).await;
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
+    cql()
+        .await
+        .run(|c| async move {
+            let first = c.migrate().await;
+            assert_eq!(first.applied, [(1, "initial")]);
+            assert_eq!(first.version, 1);
+            let second = c.migrate().await;
+            assert!(second.applied.is_empty(), "second run applies nothing");
+            assert_eq!(second.version, 1);
+            let ks = &c.config.keyspace;
+            let recorded = hookline::migrate::applied_versions(&c.session, ks)
+                .await
+                .unwrap();
+            assert_eq!(recorded.len(), 1);
+            assert_eq!(
+                recorded[0].checksum,
+                hookline::migrate::checksum(MIGRATIONS[0].cql)
+            );
+
+            // A later release migrated this keyspace: this binary must not touch it.
+            c.session
+                .query_unpaged(
+                    format!(
+                        "INSERT INTO {ks}.schema_migrations (version, name, checksum) \
+                         VALUES (999, 'from_the_future', 'x')"
+                    ),
+                    (),
+                )
+                .await
+                .unwrap();
+            let err = migrate(&c.session, ks, &c.config.replication().unwrap(), MIGRATIONS)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    MigrateError::NewerSchema {
+                        database: 999,
+                        binary: 1,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            assert!(err.to_string().contains("newer than the newest"), "{err}");
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_refuses_an_unmigrated_keyspace() {
+    cql()
+        .await
+        .run(|c| async move {
+            let err = ScyllaStore::with_session(c.session.clone(), &c.config)
+                .await
+                .unwrap_err();
+            assert!(matches!(
+                err,
+                ScyllaError::SchemaBehind {
+                    found: 0,
+                    needed: 1,
+                    ..
+                }
+            ));
+            assert!(err.to_string().contains("hookline migrate"), "{err}");
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_migrate_command_applies_once() {
+    let c = cql().await;
+    let ks = c.config.keyspace.clone();
+    c.run(|_| async move {
+        let run = || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_hookline"))
+                .args(["migrate", "--nodes", CQL_ADDR, "--keyspace", &ks])
+                .output()
+                .unwrap()
+        };
+        let first = run();
+        let stdout = String::from_utf8_lossy(&first.stdout);
+        assert!(
+            first.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&first.stderr)
+        );
+        assert!(stdout.contains("applied 001_initial"), "{stdout}");
+        let second = run();
+        let stdout = String::from_utf8_lossy(&second.stdout);
+        assert!(second.status.success());
+        assert!(stdout.contains("nothing to apply"), "{stdout}");
+        assert!(stdout.contains("at schema version 1"), "{stdout}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempt_rows_carry_the_configured_ttl() {
+    let mut c = cql().await;
+    c.config.attempt_ttl = Duration::from_secs(3600);
+    c.run(|c| async move {
+        c.migrate().await;
+        let store = c.store().await;
+        let row = attempt_row(
+            &format!("evt_{}", uuid::Uuid::new_v4().simple()),
+            "ep_ttl",
+            1,
+        );
+        store.record_attempt(&row).await.unwrap();
+        let ks = &c.config.keyspace;
+        let id = row.delivery_id.as_str();
+        for (what, cql) in [
+            (
+                "attempt row",
+                format!("SELECT TTL(outcome) FROM {ks}.attempts_by_delivery WHERE delivery_id = ?"),
+            ),
+            (
+                "delivery state",
+                format!("SELECT TTL(status) FROM {ks}.delivery_state WHERE delivery_id = ?"),
+            ),
+        ] {
+            let (ttl,): (Option<i32>,) = c
+                .session
+                .query_unpaged(cql, (id,))
+                .await
+                .unwrap()
+                .into_rows_result()
+                .unwrap()
+                .single_row()
+                .unwrap();
+            let ttl = ttl.unwrap_or_else(|| panic!("{what} has no TTL"));
+            assert!((3000..=3600).contains(&ttl), "{what} TTL {ttl}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_and_full_bodies_round_trip() {
+    cql()
+        .await
+        .run(|c| async move {
+            c.migrate().await;
+            let store = c.store().await;
+            let event = format!("evt_{}", uuid::Uuid::new_v4().simple());
+            let t0 = SystemTime::UNIX_EPOCH + Duration::from_millis(1_790_000_000_456);
+            let mut timeout = attempt_row(&event, "ep_rt", 1);
+            timeout.started_at = t0;
+            timeout.status = None;
+            timeout.error_class = Some(ErrorClass::Timeout);
+            timeout.response_body = vec![];
+            timeout.signing_key_ids = vec![];
+            timeout.latency_ms = u32::MAX;
+            timeout.outcome = AttemptOutcome::RetryScheduled {
+                next_attempt_at: t0 + Duration::from_secs(5),
+            };
+            let mut full = attempt_row(&event, "ep_rt", 2);
+            full.started_at = t0 + Duration::from_secs(6);
+            // Every byte value, zeros included: the body is a blob, not text.
+            full.response_body = (0..4096u32).map(|i| (i % 256) as u8).collect();
+            full.replay_id = Some("rpl_x".into());
+            store.record_attempt(&timeout).await.unwrap();
+            store.record_attempt(&full).await.unwrap();
+            // Logging the same attempt again (a retried write) changes nothing.
+            store.record_attempt(&full).await.unwrap();
+            let rows = store.attempts(&timeout.delivery_id).await.unwrap();
+            assert_eq!(rows, [timeout.clone(), full.clone()]);
+            let state = store.delivery(&timeout.delivery_id).await.unwrap().unwrap();
+            assert_eq!(
+                state.attempts, 2,
+                "a duplicate write is not a second attempt"
+            );
+            assert_eq!(state.first_attempt_at, t0);
+            // A duplicate of the older attempt logged late does not overwrite the newer status.
+            store.record_attempt(&timeout).await.unwrap();
+            let state = store.delivery(&timeout.delivery_id).await.unwrap().unwrap();
+            assert_eq!(state.status, hookline::storage::DeliveryStatus::Succeeded);
+            assert_eq!(state.last_status, Some(200));
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_paging_is_stable_while_other_tasks_insert() {
+    cql()
+        .await
+        .run(|c| async move {
+            c.migrate().await;
+            let store = c.store().await;
+            let endpoint = format!("ep_{}", uuid::Uuid::new_v4().simple());
+            // Spread over three day buckets so pages cross bucket boundaries.
+            let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
+            let mut rows = vec![];
+            for i in 0..60u64 {
+                let mut row = attempt_row(&format!("evt_h{i}_{endpoint}"), &endpoint, 1);
+                row.started_at = t0 + Duration::from_secs(i * 3_600);
+                row.outcome = AttemptOutcome::RetryScheduled {
+                    next_attempt_at: row.started_at + Duration::from_secs(60),
+                };
+                rows.push(row);
+            }
+            futures::future::try_join_all(rows.iter().map(|r| store.record_attempt(r)))
+                .await
+                .unwrap();
+            let expected: Vec<_> = rows.iter().rev().map(|r| r.event_id.clone()).collect();
+
+            // While we page: brand-new deliveries (newer than everything) and retries of the
+            // deliveries being listed (new entries at later times) keep arriving.
+            let writer = {
+                let store = store.clone();
+                let endpoint = endpoint.clone();
+                let rows = rows.clone();
+                tokio::spawn(async move {
+                    for i in 0..40u64 {
+                        let mut fresh =
+                            attempt_row(&format!("evt_new{i}_{endpoint}"), &endpoint, 1);
+                        fresh.started_at = t0 + Duration::from_secs(400_000 + i);
+                        let mut retry = rows[(i as usize * 7) % rows.len()].clone();
+                        retry.attempt = 2;
+                        retry.started_at += Duration::from_secs(120);
+                        retry.outcome = AttemptOutcome::Succeeded;
+                        tokio::try_join!(
+                            store.record_attempt(&fresh),
+                            store.record_attempt(&retry)
+                        )
+                        .unwrap();
+                    }
+                })
+            };
+            let ep = EndpointId::parse(&endpoint).unwrap();
+            let mut seen = vec![];
+            let mut cursor = None;
+            let mut pages = 0;
+            loop {
+                let page = store
+                    .endpoint_deliveries(
+                        &ep,
+                        &HistoryQuery {
+                            limit: 7,
+                            cursor: cursor.clone(),
+                            since: Some(t0),
+                            ..Default::default()
+                        },
+                    )
+                    .await
+                    .unwrap();
+                pages += 1;
+                // Deliveries newer than the first page may show up on it; after that, nothing new
+                // may appear and nothing may repeat or go missing.
+                seen.extend(
+                    page.items
+                        .iter()
+                        .map(|s| s.event_id.clone())
+                        .filter(|e| !e.as_str().starts_with("evt_new")),
+                );
+                cursor = page.next_cursor;
+                if cursor.is_none() {
+                    break;
+                }
+                assert!(pages < 100, "paging terminates");
+            }
+            writer.await.unwrap();
+            assert_eq!(seen, expected, "every original delivery once, newest first");
+        })
+        .await;
+}
