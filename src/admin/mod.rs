@@ -162,6 +162,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/health/ready", get(health::ready))
         .merge(authenticated)
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), bound))
         .with_state(state)

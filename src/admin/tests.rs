@@ -177,6 +177,17 @@ async fn tokens_are_required_and_checked() {
     );
     let nf = send(&f.app, request(Method::GET, "/v2/nothing", None, None)).await;
     assert_error(&nf, StatusCode::NOT_FOUND, "not_found", "no such route");
+    let m = send(
+        &f.app,
+        request(Method::PUT, "/v1/events", Some(OP), Some("{}")),
+    )
+    .await;
+    assert_error(
+        &m,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method",
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1354,4 +1365,81 @@ async fn registry_errors_map_to_statuses() {
     let err = ApiError::Internal("cql: table x missing".into());
     assert!(!err.body().detail.contains("cql"));
     assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+/// Real I/O on librdkafka's mock cluster: the envelope lands keyed by event id, acknowledged.
+#[tokio::test]
+async fn kafka_sink_produces_the_envelope_keyed_by_event_id() {
+    use crate::kafka::{EmbeddedKafka, TopicSpec, consumer_config};
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::{Message, Offset, TopicPartitionList};
+
+    let kafka = EmbeddedKafka::start(&[TopicSpec {
+        name: "hookline.events".into(),
+        partitions: 1,
+        compacted: false,
+    }])
+    .unwrap();
+    let config = crate::config::KafkaConfig {
+        bootstrap_servers: kafka.bootstrap_servers().to_owned(),
+        client: BTreeMap::from([("linger.ms".to_owned(), "0".to_owned())]),
+        ..Default::default()
+    };
+    let sink = super::events::KafkaEventSink::new(&config).unwrap();
+    let event = NativeEvent {
+        id: crate::id::EventId::parse("evt_k").unwrap(),
+        tenant: Tenant::parse("acme").unwrap(),
+        event_type: crate::input::EventType::parse("order.created").unwrap(),
+        occurred_at: SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250),
+        payload: serde_json::value::RawValue::from_string("{\"a\": 1}".into()).unwrap(),
+    };
+    sink.publish(&event).await.unwrap();
+
+    let consumer: StreamConsumer =
+        consumer_config(kafka.bootstrap_servers(), "t", &BTreeMap::new())
+            .create()
+            .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("hookline.events", 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&tpl).unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(20), consumer.recv())
+        .await
+        .expect("a record within 20 s")
+        .unwrap();
+    assert_eq!(msg.key(), Some(&b"evt_k"[..]));
+    assert_eq!(msg.payload(), Some(&event.to_envelope()[..]));
+    assert_eq!(
+        String::from_utf8(event.to_envelope()).unwrap(),
+        r#"{"id":"evt_k","tenant":"acme","type":"order.created","occurred_at":"2023-11-14T22:13:20.250Z","payload":{"a": 1}}"#
+    );
+}
+
+#[tokio::test]
+async fn kafka_sink_gives_up_at_its_timeout_when_no_broker_answers() {
+    let producer: rdkafka::producer::FutureProducer =
+        crate::kafka::producer_config("127.0.0.1:9", &BTreeMap::new())
+            .create()
+            .unwrap();
+    let sink = super::events::KafkaEventSink::from_producer(
+        producer,
+        "hookline.events".into(),
+        Duration::from_millis(300),
+    );
+    let event = NativeEvent {
+        id: crate::id::EventId::parse("evt_t").unwrap(),
+        tenant: Tenant::parse("acme").unwrap(),
+        event_type: crate::input::EventType::parse("a").unwrap(),
+        occurred_at: SystemTime::UNIX_EPOCH,
+        payload: serde_json::value::RawValue::from_string("1".into()).unwrap(),
+    };
+    let err = sink.publish(&event).await.unwrap_err();
+    assert!(
+        matches!(err, SinkError::Timeout(_) | SinkError::Unavailable(_)),
+        "{err:?}"
+    );
+    assert_eq!(
+        ApiError::from(err).status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
 }
