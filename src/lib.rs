@@ -47,8 +47,11 @@
 //! - [`registry`]: every instance's materialised view of the compacted endpoints topic, and the
 //!   writer that waits for its own view to catch up.
 //! - [`service`]: assembling the roles from a config and running them under one shutdown token.
+//! - [`admin`]: the admin API (axum, JSON, bearer tokens): endpoints, secret rotation, event
+//!   ingest, delivery history, health.
 //! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
 
+pub mod admin;
 pub mod attempt;
 pub mod breaker;
 pub mod cli;

@@ -1,0 +1,110 @@
+//! Reading JSON request bodies so that every failure names what is wrong.
+//!
+//! [`ApiJson`] replaces axum's `Json` extractor: it reads the body under the router's size
+//! limit (413 beyond it), refuses bodies that declare a non-JSON content type (415; a missing
+//! content type is accepted), and deserialises with the path of the failing field, following
+//! axum's split: broken JSON is 400 `bad_request`, JSON of the wrong shape (unknown, missing or
+//! mistyped field) is 422 `invalid` naming the field.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::de::DeserializeOwned;
+use serde_json::error::Category;
+
+use super::error::ApiError;
+
+/// A JSON body deserialised into `T`, with errors that name the field.
+#[derive(Debug, Clone)]
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = read(req, state).await?;
+        parse(&bytes).map(ApiJson)
+    }
+}
+
+/// The raw body bytes, content type and size checked; for bodies that may be empty or whose
+/// bytes must be kept exactly.
+pub async fn read<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    check_content_type(req.headers())?;
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge("the request body is larger than the server accepts".into())
+        } else {
+            ApiError::BadRequest(format!("the request body could not be read: {rejection}"))
+        }
+    })
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let essence = value
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if essence == "application/json" || essence.ends_with("+json") {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType(
+            "the body must be JSON: send Content-Type: application/json".into(),
+        ))
+    }
+}
+
+/// Deserialises `bytes` as `T`; see the module doc for how failures map.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            Category::Data => {
+                let field = if path == "." { "body".to_owned() } else { path };
+                ApiError::invalid(field, inner.to_string())
+            }
+            Category::Syntax | Category::Eof | Category::Io => {
+                ApiError::BadRequest(format!("the body is not valid JSON: {inner}"))
+            }
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::BadRequest(format!("the body is not valid JSON: {e}")))?;
+    Ok(value)
+}
+
+/// Deserialises an already-parsed JSON value as `T`, with the same error mapping as [`parse`]
+/// (every failure of a value is a shape failure: 422 naming the field).
+pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { "body".to_owned() } else { path };
+        ApiError::invalid(field, e.into_inner().to_string())
+    })
+}
+
+/// Like [`ApiJson`], but an empty (or all-whitespace) body gives `T::default()`: for requests
+/// whose every field is optional, such as a secret rotation.
+#[derive(Debug, Clone)]
+pub struct OptionalJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = read(req, state).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalJson(T::default()));
+        }
+        parse(&bytes).map(OptionalJson)
+    }
+}

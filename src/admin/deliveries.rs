@@ -1,0 +1,306 @@
+//! Delivery history: one delivery with every attempt, an endpoint's deliveries newest first,
+//! and the deliveries of one event.
+//!
+//! Tenant scoping answers 404 for anything another tenant owns, exactly as for what does not
+//! exist. An endpoint's history is readable after the endpoint was deleted (history outlives
+//! endpoints): ownership is then read from the history rows themselves, and an endpoint with
+//! neither a registration nor visible rows is 404. An event whose deliveries are all another
+//! tenant's, or that has no recorded delivery yet, is 404 too (the two must look the same).
+//!
+//! Delivery rows exist from an endpoint's first logged attempt on; an event that fanned out but
+//! whose deliveries have not been attempted yet has no rows.
+
+use axum::Json;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use serde::{Deserialize, Serialize};
+
+use crate::id::{DeliveryId, EndpointId, EventId};
+use crate::storage::{AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, HistoryQuery};
+
+use super::AdminState;
+use super::auth::Caller;
+use super::endpoints::{limit, path, query, short, time};
+use super::error::ApiError;
+
+/// Default page size of an endpoint's history.
+pub const DEFAULT_HISTORY_LIMIT: usize = 50;
+/// Largest page size of an endpoint's history (the store's own ceiling).
+pub const MAX_HISTORY_LIMIT: usize = crate::storage::MAX_PAGE as usize;
+
+/// A delivery's state as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryBody {
+    /// `dlv_...`, derived from (event id, endpoint id).
+    pub id: String,
+    /// The event (`webhook-id`).
+    pub event_id: String,
+    /// The endpoint.
+    pub endpoint_id: String,
+    /// The owner.
+    pub tenant: String,
+    /// The event type.
+    pub event_type: String,
+    /// `pending`, `succeeded`, `failed` (a retry is scheduled) or `dead`.
+    pub state: String,
+    /// Attempts made so far, replays included.
+    pub attempts: u32,
+    /// When the first attempt started.
+    pub first_attempt_at: String,
+    /// When the latest attempt started.
+    pub last_attempt_at: String,
+    /// When the next attempt is due, if one is scheduled.
+    pub next_attempt_at: Option<String>,
+    /// The latest HTTP status, if a response arrived.
+    pub last_status: Option<u16>,
+    /// The latest error class (`timeout`, `http_status`, ...), if the attempt failed.
+    pub last_error_class: Option<String>,
+}
+
+impl DeliveryBody {
+    /// The public form of `s`.
+    pub fn of(s: &DeliveryState) -> DeliveryBody {
+        DeliveryBody {
+            id: s.delivery_id.to_string(),
+            event_id: s.event_id.to_string(),
+            endpoint_id: s.endpoint_id.to_string(),
+            tenant: s.tenant.to_string(),
+            event_type: s.event_type.clone(),
+            state: s.status.as_str().to_owned(),
+            attempts: s.attempts,
+            first_attempt_at: time(s.first_attempt_at),
+            last_attempt_at: time(s.last_attempt_at),
+            next_attempt_at: s.next_attempt_at.map(time),
+            last_status: s.last_status,
+            last_error_class: s.last_error_class.map(|c| c.as_str().to_owned()),
+        }
+    }
+}
+
+/// One attempt as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptBody {
+    /// 1 for the first attempt (counting again from 1 in a replay).
+    pub attempt: u32,
+    /// When it started.
+    pub started_at: String,
+    /// The HTTP status, `null` when no response arrived.
+    pub status: Option<u16>,
+    /// How long it took.
+    pub latency_ms: u32,
+    /// The error class, `null` for a 2xx.
+    pub error_class: Option<String>,
+    /// The first bytes of the response body (at most 4 KiB), as UTF-8 with invalid sequences
+    /// replaced.
+    pub response_body: String,
+    /// Ids of the keys whose signatures were sent.
+    pub signing_key_ids: Vec<String>,
+    /// The replay this attempt belongs to, if any.
+    pub replay_id: Option<String>,
+    /// `succeeded`, `retry_scheduled` or `dead`.
+    pub outcome: String,
+    /// For `retry_scheduled`: when the next attempt is due.
+    pub next_attempt_at: Option<String>,
+    /// For `dead`: why (`http_status`, `gone`, `window_exhausted`, ...).
+    pub dead_reason: Option<String>,
+}
+
+impl AttemptBody {
+    /// The public form of `r`.
+    pub fn of(r: &AttemptRow) -> AttemptBody {
+        let (outcome, next_attempt_at, dead_reason) = match r.outcome {
+            AttemptOutcome::Succeeded => ("succeeded", None, None),
+            AttemptOutcome::RetryScheduled { next_attempt_at } => {
+                ("retry_scheduled", Some(time(next_attempt_at)), None)
+            }
+            AttemptOutcome::Dead { reason } => ("dead", None, Some(reason.as_str().to_owned())),
+        };
+        AttemptBody {
+            attempt: r.attempt,
+            started_at: time(r.started_at),
+            status: r.status,
+            latency_ms: r.latency_ms,
+            error_class: r.error_class.map(|c| c.as_str().to_owned()),
+            response_body: String::from_utf8_lossy(&r.response_body).into_owned(),
+            signing_key_ids: r.signing_key_ids.clone(),
+            replay_id: r.replay_id.clone(),
+            outcome: outcome.to_owned(),
+            next_attempt_at,
+            dead_reason,
+        }
+    }
+}
+
+/// `GET /v1/deliveries/{id}` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryDetail {
+    /// Where it stands.
+    pub delivery: DeliveryBody,
+    /// Every attempt, oldest first.
+    pub attempts: Vec<AttemptBody>,
+}
+
+/// A list of deliveries, with a cursor when paged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryList {
+    /// The deliveries.
+    pub data: Vec<DeliveryBody>,
+    /// Pass as `cursor` for the next page; `null` at the end (absent where there is no paging).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<Option<String>>,
+}
+
+/// `GET /v1/deliveries/{id}`.
+pub async fn get(
+    State(state): State<AdminState>,
+    caller: Caller,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<DeliveryDetail>, ApiError> {
+    let raw = path(id)?;
+    let not_found = || ApiError::NotFound(format!("delivery {} not found", short(&raw)));
+    let Ok(id) = DeliveryId::parse(raw.as_str()) else {
+        return Err(not_found());
+    };
+    let delivery = state
+        .deliveries
+        .delivery(&id)
+        .await?
+        .filter(|d| caller.sees(&d.tenant))
+        .ok_or_else(not_found)?;
+    let attempts = state.deliveries.attempts(&id).await?;
+    Ok(Json(DeliveryDetail {
+        delivery: DeliveryBody::of(&delivery),
+        attempts: attempts.iter().map(AttemptBody::of).collect(),
+    }))
+}
+
+/// `GET /v1/endpoints/{id}/deliveries` query.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryParams {
+    /// `pending`, `succeeded`, `failed` or `dead`.
+    pub state: Option<String>,
+    /// RFC 3339: only deliveries first attempted at or after it.
+    pub since: Option<String>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Page size, 1 to 500, default 50.
+    pub limit: Option<String>,
+}
+
+impl HistoryParams {
+    /// The store query these parameters ask for; errors name the parameter.
+    pub fn to_query(&self) -> Result<HistoryQuery, ApiError> {
+        let status = self
+            .state
+            .as_deref()
+            .map(|s| {
+                DeliveryStatus::parse(s).ok_or_else(|| {
+                    ApiError::invalid("state", "must be pending, succeeded, failed or dead")
+                })
+            })
+            .transpose()?;
+        let since = self
+            .since
+            .as_deref()
+            .map(|s| {
+                super::events::parse_time(s).ok_or_else(|| {
+                    ApiError::invalid(
+                        "since",
+                        "must be an RFC 3339 time, e.g. 2026-03-01T12:00:00Z",
+                    )
+                })
+            })
+            .transpose()?;
+        let cursor = match self.cursor.as_deref() {
+            Some("") => return Err(ApiError::invalid("cursor", "must not be empty")),
+            Some(c) if c.len() > 512 => {
+                return Err(ApiError::invalid(
+                    "cursor",
+                    "is not a cursor returned by this API",
+                ));
+            }
+            c => c.map(str::to_owned),
+        };
+        let limit = limit(
+            self.limit.as_deref(),
+            DEFAULT_HISTORY_LIMIT,
+            MAX_HISTORY_LIMIT,
+        )?;
+        Ok(HistoryQuery {
+            status,
+            since,
+            cursor,
+            limit: limit as u32,
+        })
+    }
+}
+
+/// `GET /v1/endpoints/{id}/deliveries?state=&since=&cursor=&limit=`: newest first.
+pub async fn by_endpoint(
+    State(state): State<AdminState>,
+    caller: Caller,
+    id: Result<Path<String>, PathRejection>,
+    q: Result<Query<HistoryParams>, QueryRejection>,
+) -> Result<Json<DeliveryList>, ApiError> {
+    let raw = path(id)?;
+    let params = query(q)?;
+    let not_found = || ApiError::NotFound(format!("endpoint {} not found", short(&raw)));
+    let Ok(id) = EndpointId::parse(raw.as_str()) else {
+        return Err(not_found());
+    };
+    let registered = state.endpoints.view().get(&id);
+    if let Some(e) = &registered
+        && !caller.sees(&e.tenant)
+    {
+        return Err(not_found());
+    }
+    let page = state
+        .deliveries
+        .endpoint_deliveries(&id, &params.to_query()?)
+        .await?;
+    if registered.is_none() {
+        // Deleted (or never registered): the rows say whose it was.
+        if page.items.is_empty() || page.items.iter().any(|d| !caller.sees(&d.tenant)) {
+            return Err(not_found());
+        }
+    }
+    Ok(Json(DeliveryList {
+        data: page.items.iter().map(DeliveryBody::of).collect(),
+        next_cursor: Some(page.next_cursor),
+    }))
+}
+
+/// `GET /v1/events/{id}/deliveries`: one row per endpoint the event went to, ordered by
+/// endpoint id.
+pub async fn by_event(
+    State(state): State<AdminState>,
+    caller: Caller,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<DeliveryList>, ApiError> {
+    let raw = path(id)?;
+    let not_found = || {
+        ApiError::NotFound(format!(
+            "no deliveries of event {} are recorded",
+            short(&raw)
+        ))
+    };
+    let Ok(id) = EventId::parse(raw.as_str()) else {
+        return Err(not_found());
+    };
+    let mut rows: Vec<DeliveryState> = state
+        .deliveries
+        .event_deliveries(&id)
+        .await?
+        .into_iter()
+        .filter(|d| caller.sees(&d.tenant))
+        .collect();
+    if rows.is_empty() {
+        return Err(not_found());
+    }
+    rows.sort_by(|a, b| a.endpoint_id.cmp(&b.endpoint_id));
+    Ok(Json(DeliveryList {
+        data: rows.iter().map(DeliveryBody::of).collect(),
+        next_cursor: None,
+    }))
+}

@@ -1,0 +1,197 @@
+//! The admin API: endpoints, secret rotation, event ingest, delivery history and health, as JSON
+//! over HTTP (axum), authenticated with bearer tokens.
+//!
+//! | Route | |
+//! |---|---|
+//! | `POST /v1/endpoints` | register (201, with the `whsec_` secret once) |
+//! | `GET /v1/endpoints?tenant=&cursor=&limit=` | list, by id |
+//! | `GET / PATCH / DELETE /v1/endpoints/{id}` | read, change (`enabled: true` re-enables), delete (204) |
+//! | `POST /v1/endpoints/{id}/secrets` | rotate (201, new secret once; old ones expire as asked) |
+//! | `GET /v1/endpoints/{id}/deliveries?state=&since=&cursor=&limit=` | history, newest first |
+//! | `POST /v1/events` | ingest (202 `{"id"}`, idempotent on `id`) |
+//! | `GET /v1/events/{id}/deliveries` | one row per endpoint the event went to |
+//! | `GET /v1/deliveries/{id}` | state and every attempt |
+//! | `GET /v1/health`, `GET /v1/health/ready` | liveness; readiness (Kafka, endpoint view) |
+//!
+//! Every error is `{"code","detail"}` ([`error::ApiError`]); the detail names the field or
+//! parameter at fault. An operator token sees every tenant; a tenant token sees its own only,
+//! and other tenants' things are 404 to it ([`auth`]). Health routes need no token.
+//!
+//! Bounds: request bodies are limited to the payload limit plus room for the envelope (413
+//! beyond), at most [`MAX_CONCURRENT_REQUESTS`] requests are handled at once (503 `unavailable`
+//! beyond, rather than queueing without limit), and each gets [`REQUEST_DEADLINE`] (503 after).
+//!
+//! The state is a set of trait objects ([`EndpointStore`], [`DeliveryStore`],
+//! [`events::EventSink`]) so the same router runs over Kafka and ScyllaDB in production and
+//! over in-memory implementations in `hookline dev` and the tests.
+
+pub mod auth;
+pub mod body;
+pub mod deliveries;
+pub mod endpoints;
+pub mod error;
+pub mod events;
+pub mod health;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::AdminConfig;
+use crate::registry::EndpointStore;
+use crate::storage::DeliveryStore;
+
+use self::error::ApiError;
+use self::events::{EventSink, RecentIds};
+
+/// Requests handled at once; beyond it the API answers 503 at once.
+pub const MAX_CONCURRENT_REQUESTS: usize = 512;
+/// How long one request may take before it is answered 503.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
+/// Room allowed around an event's payload in a request body (ids, tenant, type, time).
+pub const BODY_SLACK: usize = 16 * 1024;
+
+/// Everything the handlers share. Cheap to clone.
+#[derive(Clone)]
+pub struct AdminState {
+    /// Endpoint reads (its view) and writes.
+    pub endpoints: Arc<dyn EndpointStore>,
+    /// Delivery history.
+    pub deliveries: Arc<dyn DeliveryStore>,
+    /// Where ingested events go.
+    pub events: Arc<dyn EventSink>,
+    /// The bearer tokens.
+    pub auth: Arc<AdminConfig>,
+    /// Whether Kafka is reachable; whoever owns the Kafka clients keeps it current.
+    pub kafka_ready: watch::Receiver<bool>,
+    /// Recently ingested event ids (idempotent ingest).
+    pub recent_ids: Arc<RecentIds>,
+    /// Largest event payload accepted (`http.max_payload_bytes`).
+    pub max_payload_bytes: usize,
+    permits: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for AdminState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminState")
+            .field("endpoints", &self.endpoints.view())
+            .field("auth", &self.auth)
+            .field("kafka_ready", &*self.kafka_ready.borrow())
+            .field("recent_ids", &self.recent_ids)
+            .field("max_payload_bytes", &self.max_payload_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminState {
+    /// A state with the default idempotency memory and the default payload limit (256 KiB;
+    /// set `max_payload_bytes` from `config.http.max_payload_bytes`).
+    pub fn new(
+        endpoints: Arc<dyn EndpointStore>,
+        deliveries: Arc<dyn DeliveryStore>,
+        events: Arc<dyn EventSink>,
+        auth: AdminConfig,
+        kafka_ready: watch::Receiver<bool>,
+    ) -> AdminState {
+        AdminState {
+            endpoints,
+            deliveries,
+            events,
+            auth: Arc::new(auth),
+            kafka_ready,
+            recent_ids: Arc::new(RecentIds::default()),
+            max_payload_bytes: crate::input::DEFAULT_MAX_PAYLOAD,
+            permits: Arc::new(Semaphore::new(MAX_CONCURRENT_REQUESTS)),
+        }
+    }
+
+    /// Sets the payload limit (`http.max_payload_bytes`).
+    pub fn with_max_payload_bytes(mut self, bytes: usize) -> AdminState {
+        self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Replaces the idempotency memory (tests, or a different size).
+    pub fn with_recent_ids(mut self, recent: RecentIds) -> AdminState {
+        self.recent_ids = Arc::new(recent);
+        self
+    }
+}
+
+/// The whole API as an axum router.
+pub fn router(state: AdminState) -> Router {
+    let authenticated = Router::new()
+        .route(
+            "/v1/endpoints",
+            post(endpoints::create).get(endpoints::list),
+        )
+        .route(
+            "/v1/endpoints/{id}",
+            get(endpoints::get)
+                .patch(endpoints::patch)
+                .delete(endpoints::delete),
+        )
+        .route("/v1/endpoints/{id}/secrets", post(endpoints::rotate))
+        .route(
+            "/v1/endpoints/{id}/deliveries",
+            get(deliveries::by_endpoint),
+        )
+        .route("/v1/events", post(events::ingest))
+        .route("/v1/events/{id}/deliveries", get(deliveries::by_event))
+        .route("/v1/deliveries/{id}", get(deliveries::get))
+        // route_layer: only matched routes authenticate, so an unknown path is a plain 404;
+        // and the token is checked before any body is read.
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ));
+    let body_limit = state.max_payload_bytes.saturating_add(BODY_SLACK);
+    Router::new()
+        .route("/v1/health", get(health::live))
+        .route("/v1/health/ready", get(health::ready))
+        .merge(authenticated)
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(state.clone(), bound))
+        .with_state(state)
+}
+
+/// Sheds load beyond [`MAX_CONCURRENT_REQUESTS`] and cuts requests at [`REQUEST_DEADLINE`].
+async fn bound(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    let Ok(_permit) = Arc::clone(&state.permits).try_acquire_owned() else {
+        return ApiError::Unavailable("too many requests in progress; retry shortly".into())
+            .into_response();
+    };
+    match tokio::time::timeout(REQUEST_DEADLINE, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::Unavailable(format!(
+            "the request did not finish within {}s",
+            REQUEST_DEADLINE.as_secs()
+        ))
+        .into_response(),
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` is cancelled, then stops accepting and lets
+/// requests in progress finish (each is bounded by [`REQUEST_DEADLINE`]).
+pub async fn serve(
+    listener: TcpListener,
+    state: AdminState,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
