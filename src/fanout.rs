@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::deliver::outgoing;
-use crate::id::EventId;
+use crate::id::{EventId, Tenant};
 use crate::input::{InputConfig, InputEvent, InvalidInput, parse_message};
 use crate::record::{DeliveryRecord, Origin, UnixMillis};
 use crate::registry::{EndpointView, ViewStatus};
@@ -82,17 +82,19 @@ impl Subscriptions {
     }
 }
 
-/// Recently seen event ids of one partition, bounded.
+/// Recently seen (tenant, event id) pairs of one partition, bounded. Event ids are unique per
+/// tenant, so two tenants may use the same id.
 #[derive(Default)]
 struct Recent {
-    set: HashSet<EventId>,
-    order: VecDeque<EventId>,
+    set: HashSet<(Tenant, EventId)>,
+    order: VecDeque<(Tenant, EventId)>,
 }
 
 impl Recent {
-    /// Remembers `id`; false if it was already there.
-    fn insert(&mut self, id: &EventId) -> bool {
-        if self.set.contains(id) {
+    /// Remembers the event; false if it was already there.
+    fn insert(&mut self, tenant: &Tenant, id: &EventId) -> bool {
+        let key = (tenant.clone(), id.clone());
+        if self.set.contains(&key) {
             return false;
         }
         if self.order.len() == RECENT_IDS
@@ -100,8 +102,8 @@ impl Recent {
         {
             self.set.remove(&old);
         }
-        self.set.insert(id.clone());
-        self.order.push_back(id.clone());
+        self.set.insert(key.clone());
+        self.order.push_back(key);
         true
     }
 }
@@ -221,7 +223,7 @@ pub async fn run(
                 subs.refresh();
                 match parse_message(&input, &msg, SystemTime::now()) {
                     Ok(event) => {
-                        if !recent.entry(tp.clone()).or_default().insert(&event.id) {
+                        if !recent.entry(tp.clone()).or_default().insert(&event.tenant, &event.id) {
                             tracing::debug!(event_id = %event.id, "repeated event id; already fanned out");
                             settlements.settle(&tp, offset);
                             continue;

@@ -67,6 +67,14 @@ pub enum ServiceError {
     /// The store could not be opened.
     #[error("store: {0}")]
     Store(String),
+    /// The admin API could not listen.
+    #[error("admin API on {addr}: {detail}")]
+    Admin {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// What failed.
+        detail: String,
+    },
     /// The metrics listener could not start.
     #[error("metrics listener on {addr}: {detail}")]
     Metrics {

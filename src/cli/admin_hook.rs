@@ -1,16 +1,84 @@
-//! Starts the admin API next to the stages.
+//! Starts the admin API next to the stages, with a readiness signal that follows Kafka.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::producer::{BaseProducer, Producer};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admin::events::KafkaEventSink;
+use crate::admin::{self, AdminState};
 use crate::config::Config;
 use crate::service::{Handles, ServiceError};
 
-pub(super) async fn serve(
-    _config: &Config,
-    _handles: &Handles,
-    _shutdown: &CancellationToken,
-    _tasks: &TaskTracker,
+/// How often Kafka reachability is checked for `GET /v1/health/ready`.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps `ready` at "the cluster answered a metadata request within 3 s".
+fn probe_kafka(
+    config: &Config,
+    ready: watch::Sender<bool>,
+    shutdown: CancellationToken,
+    tasks: &TaskTracker,
 ) -> Result<(), ServiceError> {
+    let probe: BaseProducer =
+        crate::kafka::client_config(&config.kafka.bootstrap_servers, &config.kafka.client)
+            .create()?;
+    let probe = Arc::new(probe);
+    tasks.spawn(async move {
+        loop {
+            let p = probe.clone();
+            let ok = tokio::task::spawn_blocking(move || {
+                p.client()
+                    .fetch_metadata(None, Duration::from_secs(3))
+                    .is_ok()
+            })
+            .await
+            .unwrap_or(false);
+            if *ready.borrow() != ok {
+                tracing::warn!(reachable = ok, "kafka reachability changed");
+            }
+            ready.send_replace(ok);
+            tokio::select! {
+                () = tokio::time::sleep(PROBE_EVERY) => {}
+                () = shutdown.cancelled() => break,
+            }
+        }
+    });
+    Ok(())
+}
+
+pub(super) async fn serve(
+    config: &Config,
+    handles: &Handles,
+    shutdown: &CancellationToken,
+    tasks: &TaskTracker,
+) -> Result<(), ServiceError> {
+    let (ready_tx, ready_rx) = watch::channel(false);
+    probe_kafka(config, ready_tx, shutdown.clone(), tasks)?;
+    let sink =
+        KafkaEventSink::new(&config.kafka).map_err(|e| ServiceError::Sender(e.to_string()))?;
+    let state = AdminState::new(
+        handles.endpoints.clone(),
+        handles.store.clone(),
+        Arc::new(sink),
+        config.admin.clone(),
+        ready_rx,
+    )
+    .with_max_payload_bytes(usize::try_from(config.http.max_payload_bytes).unwrap_or(usize::MAX));
+    let listener = tokio::net::TcpListener::bind(config.admin.listen)
+        .await
+        .map_err(|e| ServiceError::Admin {
+            addr: config.admin.listen,
+            detail: e.to_string(),
+        })?;
+    let shutdown = shutdown.clone();
+    tasks.spawn(async move {
+        if let Err(e) = admin::serve(listener, state, shutdown).await {
+            tracing::error!(error = %e, "admin API stopped");
+        }
+    });
     Ok(())
 }
