@@ -46,6 +46,7 @@
 //!   ones) and the admin API's request shapes and rules.
 //! - [`registry`]: every instance's materialised view of the compacted endpoints topic, and the
 //!   writer that waits for its own view to catch up.
+//! - [`replay`]: republishing a DLQ offset range with a fresh window, a replay id and an audit entry.
 //! - [`service`]: assembling the roles from a config and running them under one shutdown token.
 //! - [`admin`]: the admin API (axum, JSON, bearer tokens): endpoints, secret rotation, event
 //!   ingest, delivery history, health.
@@ -68,6 +69,7 @@ pub mod migrate;
 pub mod offsets;
 pub mod record;
 pub mod registry;
+pub mod replay;
 pub mod retry_policy;
 pub mod sealed;
 pub mod sender;

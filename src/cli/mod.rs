@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod admin_hook;
 mod migrate;
+mod replay;
 mod send;
 mod serve;
 mod sign;
@@ -24,6 +25,8 @@ pub struct Cli {
 enum Command {
     /// Run every stage in one process on an embedded Kafka and in-memory store (start here).
     Dev(serve::DevArgs),
+    /// Republish a range of DLQ offsets to the deliveries topic (fresh window, replay header).
+    Replay(replay::ReplayArgs),
     /// Run the service against real Kafka and ScyllaDB (`--role fanout|deliver|delay|all`).
     Run(serve::RunArgs),
     /// Print Standard Webhooks headers for a body (webhook-id, webhook-timestamp, webhook-signature).
@@ -145,6 +148,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Dev(args) => serve::dev(&args),
         Command::Run(args) => serve::run(&args),
+        Command::Replay(args) => replay::run(&args),
         Command::Sign(args) => sign::sign(&args),
         Command::Verify(args) => sign::verify(&args),
         Command::Send(args) => send::send(&args),

@@ -95,7 +95,7 @@ async fn serve_until_signal(shutdown: CancellationToken, tasks: TaskTracker, dea
     }
 }
 
-fn fail(e: impl std::fmt::Display) -> ExitCode {
+pub(super) fn fail(e: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {e}");
     ExitCode::FAILURE
 }
@@ -152,6 +152,10 @@ pub(super) fn dev(args: &DevArgs) -> ExitCode {
         println!("hookline dev is running");
         println!("  admin API:  http://{}", config.admin.listen);
         println!("  metrics:    http://{}/metrics", config.metrics.listen);
+        println!(
+            "  kafka:      {} (embedded; for `hookline replay`, set HOOKLINE_KAFKA__BOOTSTRAP_SERVERS)",
+            config.kafka.bootstrap_servers
+        );
         println!("  token:      {token}");
         println!("  Ctrl-C stops it.");
         serve_until_signal(

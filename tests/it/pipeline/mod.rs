@@ -352,6 +352,98 @@ async fn a_restart_mid_stream_loses_nothing(on: On) {
     p.stop().await;
 }
 
+/// A dead letter replayed by DLQ offset is delivered again with the same webhook-id and the
+/// replay id in a header, and the replay is audited.
+async fn a_dlq_range_replays_with_the_replay_header(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let healthy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let h = healthy.clone();
+    let r = Receiver::start(move |_| {
+        if h.load(std::sync::atomic::Ordering::SeqCst) {
+            Reply::status(200)
+        } else {
+            Reply::status(404)
+        }
+    })
+    .await;
+    let (endpoint, secret) = p.endpoint("acme", &r.url("/"), &["*"]).await;
+    p.post(&[("evt_replay", "acme", "t", json!({"again": true}))])
+        .await;
+    let dlq = p.read(&p.config.kafka.topics.dlq, 1, WAIT).await;
+    let (partition, offset) = (dlq[0].partition(), dlq[0].offset());
+    healthy.store(true, std::sync::atomic::Ordering::SeqCst);
+    let target = hookline::replay::ReplayTarget {
+        bootstrap: p.config.kafka.bootstrap_servers.clone(),
+        client: p.config.kafka.client.clone(),
+        dlq: p.config.kafka.topics.dlq.clone(),
+        deliveries: p.config.kafka.topics.deliveries.clone(),
+    };
+    let mut request = hookline::replay::ReplayRequest {
+        partition,
+        from_offset: offset,
+        to_offset: offset,
+        endpoint: Some(endpoint.clone()),
+        actor: "oncall".into(),
+        reason: "receiver fixed".into(),
+        dry_run: true,
+    };
+    let mut seen = 0;
+    let dry = hookline::replay::replay(&target, &request, p.handles.store.as_ref(), &mut |d, _| {
+        seen = d
+    })
+    .await
+    .expect("dry run");
+    assert_eq!((dry.scanned, dry.replayed, seen), (1, 1, 1));
+    request.dry_run = false;
+    let done =
+        hookline::replay::replay(&target, &request, p.handles.store.as_ref(), &mut |_, _| {})
+            .await
+            .expect("replay");
+    assert_eq!(done.replayed, 1);
+    let got = r.wait_for(2, WAIT).await;
+    assert_eq!(verify(&got[1], &secret), "evt_replay");
+    assert_eq!(
+        got[1].header("hookline-replay-id"),
+        Some(done.replay_id.as_str())
+    );
+    assert_eq!(got[0].header("hookline-replay-id"), None);
+    assert_eq!(
+        got[1].header("hookline-attempt"),
+        Some("1"),
+        "a replay starts a fresh window"
+    );
+    let audits = p.handles.store.replays(10).await.unwrap();
+    let audit = audits
+        .iter()
+        .find(|a| a.replay_id == done.replay_id)
+        .expect("audited");
+    assert_eq!(
+        (audit.actor.as_str(), audit.count, audit.dry_run),
+        ("oncall", 1, false)
+    );
+    assert!(
+        audits
+            .iter()
+            .any(|a| a.replay_id == dry.replay_id && a.dry_run)
+    );
+    let out_of_range = hookline::replay::ReplayRequest {
+        from_offset: offset + 100,
+        to_offset: offset + 200,
+        ..request
+    };
+    assert!(
+        hookline::replay::replay(
+            &target,
+            &out_of_range,
+            p.handles.store.as_ref(),
+            &mut |_, _| {}
+        )
+        .await
+        .is_err()
+    );
+    p.stop().await;
+}
+
 macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         mod mock {
@@ -382,4 +474,5 @@ on_both!(
     a_hanging_endpoint_does_not_slow_the_others,
     malformed_input_goes_to_the_invalid_topic,
     a_restart_mid_stream_loses_nothing,
+    a_dlq_range_replays_with_the_replay_header,
 );

@@ -1,0 +1,281 @@
+//! Replaying dead letters: republishing a range of DLQ offsets to the deliveries topic with a
+//! fresh retry window and a replay id that receivers see (`hookline-replay-id`), through the
+//! same lanes and limits as any delivery, with an audit entry of who, why, what and how many.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+
+use crate::deliver::outgoing;
+use crate::id::EndpointId;
+use crate::kafka::{client_config, producer_config};
+use crate::record::DeliveryRecord;
+use crate::stage::produce_until_acked;
+use crate::storage::{DeliveryStore, ReplayAudit, StoreError};
+use crate::telemetry;
+
+/// What to replay.
+#[derive(Debug, Clone)]
+pub struct ReplayRequest {
+    /// DLQ partition.
+    pub partition: i32,
+    /// First offset, inclusive.
+    pub from_offset: i64,
+    /// Last offset, inclusive.
+    pub to_offset: i64,
+    /// Only records for this endpoint.
+    pub endpoint: Option<EndpointId>,
+    /// Who asks.
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+    /// Count what would be replayed, publish nothing.
+    pub dry_run: bool,
+}
+
+/// Where replay reads and writes.
+#[derive(Debug, Clone)]
+pub struct ReplayTarget {
+    /// Bootstrap servers.
+    pub bootstrap: String,
+    /// Client overrides.
+    pub client: BTreeMap<String, String>,
+    /// The DLQ topic.
+    pub dlq: String,
+    /// The deliveries topic.
+    pub deliveries: String,
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplaySummary {
+    /// The replay id receivers see.
+    pub replay_id: String,
+    /// DLQ records read in the range.
+    pub scanned: u64,
+    /// Records republished (or, in a dry run, that would be).
+    pub replayed: u64,
+    /// Records skipped by the endpoint filter.
+    pub filtered: u64,
+    /// Records in the range that are not hookline DLQ records (left alone).
+    pub undecodable: u64,
+}
+
+/// Why a replay failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The request is inconsistent.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Kafka failed.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// The DLQ partition does not hold the requested offsets.
+    #[error(
+        "dlq partition {partition} holds offsets {low}..{high} (exclusive end); the range {from}..={to} is not in it"
+    )]
+    OutOfRange {
+        /// Partition.
+        partition: i32,
+        /// Lowest offset present.
+        low: i64,
+        /// Next offset to be written.
+        high: i64,
+        /// Requested start.
+        from: i64,
+        /// Requested end.
+        to: i64,
+    },
+    /// A record could not be republished before the deadline.
+    #[error("republishing to {topic} failed; {done} records were republished before it")]
+    Publish {
+        /// Target topic.
+        topic: String,
+        /// How many made it.
+        done: u64,
+    },
+    /// The audit entry could not be written (the records were republished).
+    #[error(
+        "replay {replay_id} republished {replayed} records but its audit entry failed: {source}"
+    )]
+    Audit {
+        /// The replay's id.
+        replay_id: String,
+        /// How many were republished.
+        replayed: u64,
+        /// The store's error.
+        source: StoreError,
+    },
+}
+
+/// Progress reports, one per record read.
+pub trait Progress {
+    /// `done` of `total` records read.
+    fn update(&mut self, done: u64, total: u64);
+}
+
+impl<F: FnMut(u64, u64)> Progress for F {
+    fn update(&mut self, done: u64, total: u64) {
+        self(done, total)
+    }
+}
+
+/// A fresh replay id (`rpl_` + UUIDv7).
+pub fn new_replay_id() -> String {
+    format!("rpl_{}", uuid::Uuid::now_v7().simple())
+}
+
+/// Replays `request` and records its audit entry in `store`.
+pub async fn replay(
+    target: &ReplayTarget,
+    request: &ReplayRequest,
+    store: &dyn DeliveryStore,
+    progress: &mut dyn Progress,
+) -> Result<ReplaySummary, ReplayError> {
+    if request.from_offset < 0 || request.to_offset < request.from_offset {
+        return Err(ReplayError::BadRequest(format!(
+            "--from-offset {} .. --to-offset {} is not a range (from must be >= 0 and <= to)",
+            request.from_offset, request.to_offset
+        )));
+    }
+    if request.actor.trim().is_empty() || request.reason.trim().is_empty() {
+        return Err(ReplayError::BadRequest(
+            "--actor and --reason must not be empty".into(),
+        ));
+    }
+    let replay_id = new_replay_id();
+    let group = format!("hookline-replay-{}", uuid::Uuid::new_v4().simple());
+    let consumer: BaseConsumer = client_config(&target.bootstrap, &target.client)
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .create()?;
+    let (low, high) = tokio::task::block_in_place(|| {
+        consumer.fetch_watermarks(&target.dlq, request.partition, Duration::from_secs(10))
+    })?;
+    if request.from_offset < low || request.from_offset >= high {
+        return Err(ReplayError::OutOfRange {
+            partition: request.partition,
+            low,
+            high,
+            from: request.from_offset,
+            to: request.to_offset,
+        });
+    }
+    let last = request.to_offset.min(high - 1);
+    let total = u64::try_from(last - request.from_offset + 1).unwrap_or(0);
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(
+        &target.dlq,
+        request.partition,
+        Offset::Offset(request.from_offset),
+    )?;
+    consumer.assign(&tpl)?;
+    let producer: FutureProducer = producer_config(&target.bootstrap, &target.client).create()?;
+    let deliveries: Arc<str> = Arc::from(target.deliveries.as_str());
+    let never = CancellationToken::new();
+    let publish_deadline = Duration::from_secs(60);
+    let mut summary = ReplaySummary {
+        replay_id: replay_id.clone(),
+        scanned: 0,
+        replayed: 0,
+        filtered: 0,
+        undecodable: 0,
+    };
+    let mut next = request.from_offset;
+    let mut idle_polls = 0;
+    while next <= last {
+        // The consumer's poll blocks; keep it off the async workers' backs.
+        let polled = tokio::task::block_in_place(|| consumer.poll(Duration::from_millis(500)));
+        let Some(polled) = polled else {
+            idle_polls += 1;
+            if idle_polls > 20 {
+                break;
+            }
+            continue;
+        };
+        idle_polls = 0;
+        let msg = match polled {
+            Ok(m) => m,
+            Err(rdkafka::error::KafkaError::PartitionEOF(_)) => break,
+            Err(e) => return Err(e.into()),
+        };
+        next = msg.offset() + 1;
+        if msg.offset() > last {
+            break;
+        }
+        summary.scanned += 1;
+        progress.update(summary.scanned, total);
+        let record = match DeliveryRecord::from_message(&msg) {
+            Ok(r) if r.dead.is_some() => r,
+            _ => {
+                summary.undecodable += 1;
+                continue;
+            }
+        };
+        if request
+            .endpoint
+            .as_ref()
+            .is_some_and(|e| *e != record.endpoint_id)
+        {
+            summary.filtered += 1;
+            continue;
+        }
+        summary.replayed += 1;
+        if request.dry_run {
+            continue;
+        }
+        let out = outgoing(deliveries.clone(), &record.for_replay(replay_id.clone()));
+        let sent = tokio::time::timeout(
+            publish_deadline,
+            produce_until_acked(&producer, &out, &never),
+        )
+        .await;
+        if !matches!(sent, Ok(true)) {
+            return Err(ReplayError::Publish {
+                topic: target.deliveries.clone(),
+                done: summary.replayed - 1,
+            });
+        }
+    }
+    if !request.dry_run {
+        telemetry::replayed(summary.replayed);
+    }
+    let scope = format!(
+        "{} partition {} offsets {}..={}{}",
+        target.dlq,
+        request.partition,
+        request.from_offset,
+        request.to_offset,
+        request
+            .endpoint
+            .as_ref()
+            .map(|e| format!(", endpoint {e}"))
+            .unwrap_or_default()
+    );
+    let audit = ReplayAudit {
+        replay_id: replay_id.clone(),
+        actor: request.actor.clone(),
+        reason: request.reason.clone(),
+        at: SystemTime::now(),
+        scope,
+        count: summary.replayed,
+        dry_run: request.dry_run,
+    };
+    store
+        .record_replay(&audit)
+        .await
+        .map_err(|source| ReplayError::Audit {
+            replay_id,
+            replayed: summary.replayed,
+            source,
+        })?;
+    tracing::info!(replay_id = %audit.replay_id, actor = %audit.actor, reason = %audit.reason,
+        scope = %audit.scope, count = audit.count, dry_run = audit.dry_run, "replay recorded");
+    Ok(summary)
+}
