@@ -58,41 +58,25 @@ pub async fn spawn_materializer(
     let consumer: StreamConsumer = client.create().map_err(kafka)?;
     let consumer = Arc::new(consumer);
 
-    // Metadata and watermark calls block; keep them off the async threads.
-    let (targets, consumer) = {
+    // Metadata and watermark calls block; keep them off the async threads. A cluster that is
+    // electing leaders or still propagating a new topic answers with transient errors: retry
+    // for a while before giving up.
+    let mut tries = 0;
+    let (targets, consumer) = loop {
         let topic = topic.clone();
-        tokio::task::spawn_blocking(move || -> Result<_, RegistryError> {
-            let md = consumer
-                .fetch_metadata(Some(&topic), METADATA_TIMEOUT)
-                .map_err(kafka)?;
-            let t = md
-                .topics()
-                .iter()
-                .find(|t| t.name() == topic)
-                .ok_or_else(|| RegistryError::Kafka(format!("topic {topic} not in metadata")))?;
-            if let Some(e) = t.error() {
-                return Err(RegistryError::Kafka(format!(
-                    "endpoints topic {topic}: {} (create it with cleanup.policy=compact)",
-                    rdkafka::error::RDKafkaErrorCode::from(e)
-                )));
+        let attempt = consumer.clone();
+        let result = tokio::task::spawn_blocking(move || assign_from_start(&attempt, &topic))
+            .await
+            .map_err(|e| RegistryError::Kafka(format!("metadata task failed: {e}")))?;
+        match result {
+            Ok(targets) => break (targets, consumer),
+            Err(e) if tries < 20 => {
+                tries += 1;
+                tracing::debug!(error = %e, "endpoints topic not ready; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
-            let mut targets = HashMap::new();
-            let mut tpl = TopicPartitionList::new();
-            for p in t.partitions() {
-                let (low, high) = consumer
-                    .fetch_watermarks(&topic, p.id(), METADATA_TIMEOUT)
-                    .map_err(kafka)?;
-                if high > low {
-                    targets.insert(p.id(), high);
-                }
-                tpl.add_partition_offset(&topic, p.id(), Offset::Beginning)
-                    .map_err(kafka)?;
-            }
-            consumer.assign(&tpl).map_err(kafka)?;
-            Ok((targets, consumer))
-        })
-        .await
-        .map_err(|e| RegistryError::Kafka(format!("metadata task failed: {e}")))??
+            Err(e) => return Err(e),
+        }
     };
     tracing::info!(topic = %topic, partitions_with_data = targets.len(), "materialising endpoints");
 
@@ -141,6 +125,42 @@ async fn materialise(
         }
     }
     tracing::debug!("endpoint materialiser stopped");
+}
+
+/// Assigns every partition of `topic` from the beginning; returns each non-empty partition's
+/// high watermark at this moment (the view is caught up once it has read that far).
+fn assign_from_start(
+    consumer: &StreamConsumer,
+    topic: &str,
+) -> Result<HashMap<i32, i64>, RegistryError> {
+    let md = consumer
+        .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+        .map_err(kafka)?;
+    let t = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .ok_or_else(|| RegistryError::Kafka(format!("topic {topic} not in metadata")))?;
+    if let Some(e) = t.error() {
+        return Err(RegistryError::Kafka(format!(
+            "endpoints topic {topic}: {} (create it with cleanup.policy=compact)",
+            rdkafka::error::RDKafkaErrorCode::from(e)
+        )));
+    }
+    let mut targets = HashMap::new();
+    let mut tpl = TopicPartitionList::new();
+    for p in t.partitions() {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p.id(), METADATA_TIMEOUT)
+            .map_err(kafka)?;
+        if high > low {
+            targets.insert(p.id(), high);
+        }
+        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
+            .map_err(kafka)?;
+    }
+    consumer.assign(&tpl).map_err(kafka)?;
+    Ok(targets)
 }
 
 /// Writes endpoints to the topic (key = id, `acks=all`, idempotent producer) and returns once
