@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod admin_hook;
 mod migrate;
+mod receive;
 mod replay;
 mod send;
 mod serve;
@@ -25,6 +26,8 @@ pub struct Cli {
 enum Command {
     /// Run every stage in one process on an embedded Kafka and in-memory store (start here).
     Dev(serve::DevArgs),
+    /// A small receiver that prints incoming webhooks and checks their signatures.
+    Receive(receive::ReceiveArgs),
     /// Republish a range of DLQ offsets to the deliveries topic (fresh window, replay header).
     Replay(replay::ReplayArgs),
     /// Run the service against real Kafka and ScyllaDB (`--role fanout|deliver|delay|all`).
@@ -149,6 +152,7 @@ pub fn main() -> ExitCode {
         Command::Dev(args) => serve::dev(&args),
         Command::Run(args) => serve::run(&args),
         Command::Replay(args) => replay::run(&args),
+        Command::Receive(args) => receive::run(&args),
         Command::Sign(args) => sign::sign(&args),
         Command::Verify(args) => sign::verify(&args),
         Command::Send(args) => send::send(&args),

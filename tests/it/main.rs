@@ -1,6 +1,7 @@
 //! hookline's integration tests: one binary, shared support in `support`.
 
 mod cql_store;
+mod dev;
 mod pipeline;
 mod send;
 mod services;

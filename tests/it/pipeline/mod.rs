@@ -13,6 +13,7 @@ use rdkafka::message::Headers;
 use serde_json::json;
 
 use crate::support::receiver::{Receiver, Reply};
+pub use harness::verify as verify_request;
 use harness::{On, Pipeline, dead_record, test_config, verify};
 
 const WAIT: Duration = Duration::from_secs(60);
