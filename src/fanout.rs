@@ -212,7 +212,9 @@ pub async fn run(
                 let msg = match msg {
                     Ok(m) => m,
                     Err(e) => {
-                        tracing::warn!(error = %e, "fan-out consumer error");
+                        if e.rdkafka_error_code() != Some(rdkafka::error::RDKafkaErrorCode::UnknownTopicOrPartition) {
+                            tracing::warn!(error = %e, "fan-out consumer error");
+                        }
                         continue;
                     }
                 };

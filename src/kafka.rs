@@ -74,6 +74,24 @@ pub fn producer_config(bootstrap: &str, overrides: &BTreeMap<String, String>) ->
     cfg
 }
 
+/// librdkafka properties that only producers read. `kafka.client` applies to every client;
+/// these are left out of consumers, which would otherwise log a warning for each.
+pub const PRODUCER_ONLY: &[&str] = &[
+    "linger.ms",
+    "queue.buffering.max.ms",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
+    "batch.num.messages",
+    "batch.size",
+    "acks",
+    "request.required.acks",
+    "compression.type",
+    "compression.codec",
+    "enable.idempotence",
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+];
+
 /// Consumer settings for a stage's group: offsets stored by hand for settled records only,
 /// committed by librdkafka in the background and on rebalance.
 pub fn consumer_config(
@@ -94,7 +112,10 @@ pub fn consumer_config(
         .set("fetch.wait.max.ms", "20")
         .set("isolation.level", "read_committed")
         .set("statistics.interval.ms", "5000");
-    for (k, v) in overrides {
+    for (k, v) in overrides
+        .iter()
+        .filter(|(k, _)| !PRODUCER_ONLY.contains(&k.as_str()))
+    {
         cfg.set(k, v);
     }
     cfg

@@ -44,6 +44,24 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<Tp> {
 }
 
 impl ClientContext for StageContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        use rdkafka::error::RDKafkaErrorCode;
+        match error.rdkafka_error_code() {
+            // A pattern subscription (e.g. `^outbox\.event\..*`) that matches no topic yet is
+            // normal until the first outbox topic exists.
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition)
+                if reason.contains("Subscribed topic not available: ^") =>
+            {
+                tracing::debug!(
+                    stage = self.stage,
+                    reason,
+                    "no topic matches the input pattern yet"
+                );
+            }
+            _ => tracing::error!(stage = self.stage, error = %error, reason, "kafka client error"),
+        }
+    }
+
     fn stats(&self, statistics: Statistics) {
         let lag: i64 = statistics
             .topics

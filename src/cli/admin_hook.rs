@@ -38,7 +38,11 @@ fn probe_kafka(
             .await
             .unwrap_or(false);
             if *ready.borrow() != ok {
-                tracing::warn!(reachable = ok, "kafka reachability changed");
+                if ok {
+                    tracing::info!("kafka is reachable");
+                } else {
+                    tracing::warn!("kafka is not reachable; readiness reports not ready");
+                }
             }
             ready.send_replace(ok);
             tokio::select! {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -43,7 +43,13 @@ pub async fn spawn_materializer(
     shutdown: CancellationToken,
 ) -> Result<JoinHandle<()>, RegistryError> {
     let topic = config.topics.endpoints.clone();
-    let mut client = config.client_config();
+    let mut client = rdkafka::ClientConfig::new();
+    client.set("bootstrap.servers", &config.bootstrap_servers);
+    for (k, v) in &config.client {
+        if !crate::kafka::PRODUCER_ONLY.contains(&k.as_str()) {
+            client.set(k, v);
+        }
+    }
     // librdkafka refuses `assign` without a group id. This one is never joined (no subscribe)
     // and never committed to; it is unique so no two instances ever share state through it.
     client
@@ -55,7 +61,7 @@ pub async fn spawn_materializer(
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest");
-    let consumer: StreamConsumer = client.create().map_err(kafka)?;
+    let consumer: ViewConsumer = client.create_with_context(ViewContext).map_err(kafka)?;
     let consumer = Arc::new(consumer);
 
     // Metadata and watermark calls block; keep them off the async threads. A cluster that is
@@ -84,7 +90,7 @@ pub async fn spawn_materializer(
 }
 
 async fn materialise(
-    consumer: Arc<StreamConsumer>,
+    consumer: Arc<ViewConsumer>,
     view: Arc<EndpointView>,
     mut pending: HashMap<i32, i64>,
     shutdown: CancellationToken,
@@ -127,10 +133,28 @@ async fn materialise(
     tracing::debug!("endpoint materialiser stopped");
 }
 
+/// The view's consumer context: end-of-partition is how the view learns it has caught up, not
+/// an error worth an operator's attention, so it is not logged as one.
+struct ViewContext;
+
+impl rdkafka::ClientContext for ViewContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let eof =
+            error.rdkafka_error_code() == Some(rdkafka::error::RDKafkaErrorCode::PartitionEOF);
+        if !eof {
+            tracing::error!(error = %error, reason, "endpoint view consumer error");
+        }
+    }
+}
+
+impl ConsumerContext for ViewContext {}
+
+type ViewConsumer = StreamConsumer<ViewContext>;
+
 /// Assigns every partition of `topic` from the beginning; returns each non-empty partition's
 /// high watermark at this moment (the view is caught up once it has read that far).
 fn assign_from_start(
-    consumer: &StreamConsumer,
+    consumer: &ViewConsumer,
     topic: &str,
 ) -> Result<HashMap<i32, i64>, RegistryError> {
     let md = consumer
