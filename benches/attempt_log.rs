@@ -135,7 +135,14 @@ fn main() {
                 .await
                 .expect("store"),
         );
-        let length = Duration::from_secs(env_u64("HOOKLINE_BENCH_SECS", 10));
+        // `cargo test --all-targets` runs bench binaries without `--bench`: a one-second smoke
+        // run proves the bench works without spending the suite's time.
+        let smoke = !std::env::args().any(|a| a == "--bench");
+        let length = Duration::from_secs(if smoke {
+            1
+        } else {
+            env_u64("HOOKLINE_BENCH_SECS", 10)
+        });
         println!(
             "attempt log on {CQL_ADDR}, keyspace {}, max_concurrent_writes {}, {}s per run",
             config.keyspace,
