@@ -434,7 +434,11 @@ pub async fn run(
                     let decoded = DeliveryRecord::from_message(&m);
                     let raw = (m.key().map(<[u8]>::to_vec), m.payload().map(Bytes::copy_from_slice));
                     drop(m);
+                    let pause = stage.settlements.needs_pause(&tp);
                     stage.on_record(tp, offset, decoded, raw);
+                    if pause {
+                        stage.settlements.flow_control(&consumer);
+                    }
                 }
                 Err(e) => tracing::warn!(error = %e, "delivery consumer error"),
             },

@@ -111,9 +111,20 @@ impl StageContext {
 /// A stage's consumer.
 pub type StageConsumer = StreamConsumer<StageContext>;
 
+/// How many times `max_window` the offset span of a partition may grow while a few old records
+/// are unsettled.
+pub const SPAN_FACTOR: usize = 32;
+
 /// Per-partition settlement: offsets are tracked as records are handed to the stage, settled as
 /// their work completes in any order, and only the contiguous settled prefix is stored for
-/// commit. Partitions whose window reaches `max_window` are paused until it drains to half.
+/// commit.
+///
+/// A partition is paused when it holds `max_window` unsettled records, or when the span from its
+/// lowest unsettled offset to its newest reaches [`SPAN_FACTOR`] times that; it resumes once both
+/// have drained to half. Bounding the unsettled count (not the span) is what keeps one slow
+/// record from stalling its partition: an attempt hanging for its whole timeout pins the commit
+/// frontier, but the records behind it keep flowing (the tracker costs a few bytes per settled
+/// offset, bounded by the span limit).
 pub struct Settlements {
     stage: &'static str,
     trackers: HashMap<Tp, OffsetTracker>,
@@ -222,15 +233,34 @@ impl Settlements {
         }
     }
 
-    /// Pauses partitions whose window is full and resumes those drained to half.
+    /// Whether `tracker` holds as much as a partition may: `max_window` unsettled records, or
+    /// an offset span of `SPAN_FACTOR` times that.
+    fn full(&self, tracker: &OffsetTracker) -> bool {
+        tracker.in_flight() >= self.max_window
+            || tracker.window_len() >= self.max_window.saturating_mul(SPAN_FACTOR)
+    }
+
+    /// Whether a paused partition has drained enough to resume (half of both limits).
+    fn drained(&self, tracker: &OffsetTracker) -> bool {
+        tracker.in_flight() <= self.max_window / 2
+            && tracker.window_len() <= self.max_window.saturating_mul(SPAN_FACTOR) / 2
+    }
+
+    /// True when `tp` is full and not paused yet: the caller should run
+    /// [`flow_control`](Self::flow_control) now rather than at its next tick, so a burst cannot
+    /// overshoot the bound by a tick's worth of records.
+    pub fn needs_pause(&self, tp: &Tp) -> bool {
+        !self.paused.contains(tp) && self.trackers.get(tp).is_some_and(|t| self.full(t))
+    }
+
+    /// Pauses partitions that are full and resumes those drained to half.
     pub fn flow_control<C: Consumer<StageContext>>(&mut self, consumer: &C) {
         let mut pause = TopicPartitionList::new();
         let mut resume = TopicPartitionList::new();
         for (tp, tracker) in &self.trackers {
-            let window = tracker.window_len();
-            if window >= self.max_window && !self.paused.contains(tp) {
+            if !self.paused.contains(tp) && self.full(tracker) {
                 pause.add_partition(&tp.0, tp.1);
-            } else if window <= self.max_window / 2 && self.paused.contains(tp) {
+            } else if self.paused.contains(tp) && self.drained(tracker) {
                 resume.add_partition(&tp.0, tp.1);
             }
         }
@@ -294,5 +324,41 @@ pub async fn produce_until_acked(
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp() -> Tp {
+        (Arc::from("deliveries"), 0)
+    }
+
+    #[test]
+    fn one_stuck_record_does_not_fill_the_partition_until_the_span_limit() {
+        let mut s = Settlements::new("deliver", 4);
+        s.track(&tp(), 0);
+        // Offset 0 hangs; everything behind it settles at once.
+        for offset in 1..(4 * SPAN_FACTOR as i64 - 1) {
+            s.track(&tp(), offset);
+            s.settle(&tp(), offset);
+            assert!(!s.needs_pause(&tp()), "paused at offset {offset}");
+        }
+        s.track(&tp(), 4 * SPAN_FACTOR as i64 - 1);
+        assert!(s.needs_pause(&tp()), "the span is bounded too");
+    }
+
+    #[test]
+    fn max_window_unsettled_records_fill_the_partition() {
+        let mut s = Settlements::new("deliver", 4);
+        for offset in 0..3 {
+            s.track(&tp(), offset);
+        }
+        assert!(!s.needs_pause(&tp()));
+        s.track(&tp(), 3);
+        assert!(s.needs_pause(&tp()));
+        s.settle(&tp(), 1);
+        assert!(!s.needs_pause(&tp()), "three unsettled are below the bound");
     }
 }

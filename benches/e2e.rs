@@ -1,0 +1,839 @@
+//! The end-to-end benchmark (issue 4's acceptance): events through real Kafka and every hookline
+//! stage to an in-process HTTP receiver, everything on this one machine.
+//!
+//! One run, five phases, each bounded in time:
+//! 1. raw ceiling: an in-process load generator (many keep-alive HTTP/1.1 connections, 1 KiB
+//!    POSTs) straight at the receiver;
+//! 2. warm-up: hookline starts on real Kafka with topics and groups unique to this run, the
+//!    endpoints are created, and one event goes through so every consumer group is assigned;
+//! 3. throughput: events are produced as fast as the producer takes them; sustained
+//!    deliveries/s is the receiver's rate between 10% and 90% of the deliveries (no warm-up, no
+//!    tail);
+//! 4. latency: events paced at half the sustained rate; event-to-delivery latency is the
+//!    receiver's arrival time minus the time the bench handed the event to its producer;
+//! 5. isolation: the last endpoint (one in ten by default) never answers; the healthy endpoints'
+//!    rate is compared with their share of the throughput run.
+//!
+//! Run with `cargo bench --bench e2e`; needs the Kafka of `tests/services up` (127.0.0.1:9092).
+//! Knobs (environment): `HOOKLINE_BENCH_EVENTS` (throughput events, default 20000),
+//! `HOOKLINE_BENCH_ENDPOINTS` (10), `HOOKLINE_BENCH_PARTITIONS` (12), `HOOKLINE_BENCH_BODY`
+//! (delivered body bytes, 1024), `HOOKLINE_BENCH_STORE` (`memory` | `scylla`),
+//! `HOOKLINE_BENCH_KAFKA` (bootstrap, 127.0.0.1:9092), `HOOKLINE_BENCH_LINGER_MS` (2),
+//! `HOOKLINE_BENCH_MAX_IN_FLIGHT` (per endpoint, config default 16),
+//! `HOOKLINE_BENCH_TIMEOUT_S` (hookline's total HTTP timeout, config default 15),
+//! `HOOKLINE_BENCH_RAW_S` (5), `HOOKLINE_BENCH_RAW_CONNECTIONS` (64), `HOOKLINE_BENCH_LATENCY_S`
+//! (10), `HOOKLINE_BENCH_ISOLATION_EVENTS` (half of the throughput events),
+//! `HOOKLINE_BENCH_PHASE_S` (deadline of each delivery phase, 60), `HOOKLINE_BENCH_LOG`
+//! (a tracing filter, e.g. `hookline=info`).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use hookline::config::{Config, StoreKind};
+use hookline::endpoint::{CreateEndpoint, Endpoint};
+use hookline::id::Tenant;
+use hookline::kafka::{client_config, producer_config};
+use hookline::service::{self, Role};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Settings of one run, from the environment.
+#[derive(Debug, Clone)]
+struct Settings {
+    events: u64,
+    endpoints: usize,
+    partitions: u32,
+    body_bytes: usize,
+    store: String,
+    kafka: String,
+    linger_ms: u32,
+    max_in_flight: Option<u32>,
+    timeout: Duration,
+    raw: Duration,
+    raw_connections: usize,
+    latency: Duration,
+    isolation_events: u64,
+    phase_deadline: Duration,
+}
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} does not parse")),
+        Err(_) => default,
+    }
+}
+
+impl Settings {
+    fn from_env() -> Settings {
+        let events = env("HOOKLINE_BENCH_EVENTS", 20_000u64);
+        Settings {
+            events,
+            endpoints: env("HOOKLINE_BENCH_ENDPOINTS", 10usize).max(2),
+            partitions: env("HOOKLINE_BENCH_PARTITIONS", 12u32),
+            body_bytes: env("HOOKLINE_BENCH_BODY", 1024usize),
+            store: env("HOOKLINE_BENCH_STORE", "memory".to_owned()),
+            kafka: env("HOOKLINE_BENCH_KAFKA", "127.0.0.1:9092".to_owned()),
+            linger_ms: env("HOOKLINE_BENCH_LINGER_MS", 2u32),
+            max_in_flight: std::env::var("HOOKLINE_BENCH_MAX_IN_FLIGHT")
+                .ok()
+                .map(|v| v.parse().expect("HOOKLINE_BENCH_MAX_IN_FLIGHT is a number")),
+            timeout: Duration::from_secs(env("HOOKLINE_BENCH_TIMEOUT_S", 15u64)),
+            raw: Duration::from_secs(env("HOOKLINE_BENCH_RAW_S", 5u64)),
+            raw_connections: env("HOOKLINE_BENCH_RAW_CONNECTIONS", 64usize),
+            latency: Duration::from_secs(env("HOOKLINE_BENCH_LATENCY_S", 10u64)),
+            isolation_events: env("HOOKLINE_BENCH_ISOLATION_EVENTS", events / 2),
+            phase_deadline: Duration::from_secs(env("HOOKLINE_BENCH_PHASE_S", 60u64)),
+        }
+    }
+}
+
+fn unix_micros(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The receiver's counters and switches, shared by every connection.
+struct ReceiverState {
+    /// Requests per endpoint path `/ep/<i>`.
+    per_endpoint: Vec<AtomicU64>,
+    /// Requests to `/raw` (the load generator).
+    raw: AtomicU64,
+    /// Paths that never answer.
+    hang: Vec<AtomicBool>,
+    /// Record (event sequence, arrival) of every `l<seq>` webhook-id while set.
+    recording: AtomicBool,
+    arrivals: Mutex<Vec<(u64, u64)>>,
+    /// The largest body seen on an endpoint path (to report the real delivered size).
+    max_body: AtomicU64,
+}
+
+/// An HTTP/1.1 receiver on 127.0.0.1:0 (hyper): 200 with an empty body, or never for hanging
+/// paths.
+struct Receiver {
+    addr: SocketAddr,
+    state: Arc<ReceiverState>,
+}
+
+impl Receiver {
+    async fn start(endpoints: usize, stop: CancellationToken) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let state = Arc::new(ReceiverState {
+            per_endpoint: (0..endpoints).map(|_| AtomicU64::new(0)).collect(),
+            raw: AtomicU64::new(0),
+            hang: (0..endpoints).map(|_| AtomicBool::new(false)).collect(),
+            recording: AtomicBool::new(false),
+            arrivals: Mutex::new(Vec::new()),
+            max_body: AtomicU64::new(0),
+        });
+        let shared = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    () = stop.cancelled() => return,
+                    r = listener.accept() => match r {
+                        Ok((s, _)) => s,
+                        Err(_) => continue,
+                    },
+                };
+                let _ = stream.set_nodelay(true);
+                let state = shared.clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let state = state.clone();
+                        async move { Ok::<_, Infallible>(answer(&state, req).await) }
+                    });
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        _ = conn => {}
+                        () = stop.cancelled() => {}
+                    }
+                });
+            }
+        });
+        Receiver { addr, state }
+    }
+
+    fn url(&self, endpoint: usize) -> String {
+        format!("http://{}/ep/{endpoint}", self.addr)
+    }
+
+    fn count(&self, endpoint: usize) -> u64 {
+        self.state.per_endpoint[endpoint].load(Ordering::Relaxed)
+    }
+
+    fn total(&self, endpoints: std::ops::Range<usize>) -> u64 {
+        endpoints.map(|i| self.count(i)).sum()
+    }
+}
+
+async fn answer(state: &ReceiverState, req: Request<Incoming>) -> Response<Empty<Bytes>> {
+    let arrived = unix_micros(SystemTime::now());
+    let endpoint = req
+        .uri()
+        .path()
+        .strip_prefix("/ep/")
+        .and_then(|i| i.parse::<usize>().ok())
+        .filter(|&i| i < state.per_endpoint.len());
+    let seq = if state.recording.load(Ordering::Relaxed) {
+        req.headers()
+            .get("webhook-id")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|id| id.strip_prefix('l'))
+            .and_then(|s| s.parse::<u64>().ok())
+    } else {
+        None
+    };
+    let body = req.into_body().collect().await.map(|b| b.to_bytes());
+    let len = body.map_or(0, |b| b.len() as u64);
+    match endpoint {
+        Some(i) => {
+            state.per_endpoint[i].fetch_add(1, Ordering::Relaxed);
+            state.max_body.fetch_max(len, Ordering::Relaxed);
+            if state.hang[i].load(Ordering::Relaxed) {
+                // Never answer: hookline's total timeout ends the attempt and the connection.
+                std::future::pending::<()>().await;
+            }
+            if let Some(seq) = seq {
+                state
+                    .arrivals
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((seq, arrived));
+            }
+        }
+        None => {
+            state.raw.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Response::new(Empty::new())
+}
+
+/// Phase 1: `connections` keep-alive connections POST `body` to `/raw` for `duration`; the rate
+/// is counted over the run minus its first second.
+async fn raw_ceiling(rx: &Receiver, connections: usize, body: Bytes, duration: Duration) -> f64 {
+    let warm = Duration::from_secs(1);
+    let end = tokio::time::Instant::now() + warm + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..connections {
+        let addr = rx.addr;
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            let stream = TcpStream::connect(addr).await.expect("connect");
+            let _ = stream.set_nodelay(true);
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .expect("handshake");
+            tokio::spawn(conn);
+            while tokio::time::Instant::now() < end {
+                if send.ready().await.is_err() {
+                    break;
+                }
+                let req = Request::post("/raw")
+                    .header("host", addr.to_string())
+                    .header("content-type", "application/json")
+                    .body(Full::new(body.clone()))
+                    .expect("request");
+                match send.send_request(req).await {
+                    Ok(resp) => {
+                        let _ = resp.into_body().collect().await;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(warm).await;
+    let before = rx.state.raw.load(Ordering::Relaxed);
+    let started = Instant::now();
+    for t in tasks {
+        let _ = t.await;
+    }
+    let n = rx.state.raw.load(Ordering::Relaxed) - before;
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// A native event of `body_bytes` as delivered (`{"id","type","timestamp","data"}`).
+fn event_json(id: &str, pad: &str) -> String {
+    format!(r#"{{"id":"{id}","tenant":"bench","type":"bench.tick","payload":{{"pad":"{pad}"}}}}"#)
+}
+
+/// Bytes of the delivered body other than the pad, for an id of `id_len` characters:
+/// `{"id":"..","type":"bench.tick","timestamp":"2025-01-01T00:00:00.000Z","data":{"pad":".."}}`.
+fn pad_for(body_bytes: usize, id_len: usize) -> String {
+    let frame =
+        r#"{"id":"","type":"bench.tick","timestamp":"2025-01-01T00:00:00.000Z","data":{"pad":""}}"#;
+    "x".repeat(body_bytes.saturating_sub(frame.len() + id_len))
+}
+
+/// Produces events `prefix0..prefix{n}`; paced at `per_s` events/s when given, as fast as the
+/// producer queue takes them otherwise. Returns each event's hand-over time (unix micros).
+async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    prefix: char,
+    n: u64,
+    body_bytes: usize,
+    per_s: Option<f64>,
+) -> Vec<u64> {
+    let mut created = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+    let mut acks = futures::stream::FuturesUnordered::new();
+    let started = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut seq = 0u64;
+    while seq < n {
+        if let Some(rate) = per_s {
+            tick.tick().await;
+            let due = ((started.elapsed().as_secs_f64() * rate) as u64).min(n);
+            if seq >= due {
+                continue;
+            }
+        }
+        let id = format!("{prefix}{seq}");
+        let pad = pad_for(body_bytes, id.len());
+        let value = event_json(&id, &pad);
+        loop {
+            let record = FutureRecord::to(topic).key(&id).payload(&value);
+            match producer.send_result(record) {
+                Ok(ack) => {
+                    created.push(unix_micros(SystemTime::now()));
+                    acks.push(ack);
+                    break;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    use futures::StreamExt;
+                    let _ = acks.next().await;
+                }
+                Err((e, _)) => panic!("producing event {id}: {e}"),
+            }
+        }
+        seq += 1;
+        // Keep the acknowledgement set bounded.
+        if acks.len() >= 50_000 {
+            use futures::StreamExt;
+            let _ = acks.next().await;
+        }
+    }
+    use futures::StreamExt;
+    while let Some(r) = acks.next().await {
+        if let Ok(Err((e, _))) = r {
+            panic!("event not acknowledged: {e}");
+        }
+    }
+    created
+}
+
+/// A delivery phase's result: count reached, seconds taken, and the steady rate between 10%
+/// and 90% of the expected deliveries.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    delivered: u64,
+    expected: u64,
+    steady_per_s: f64,
+}
+
+/// Samples `count()` every 50 ms until it reaches `expected` or `deadline` passes; the steady
+/// rate is taken between 10% and 90% of what arrived.
+async fn watch_rate(expected: u64, deadline: Duration, count: impl Fn() -> u64) -> Rate {
+    let base = count();
+    let started = Instant::now();
+    let mut samples: Vec<(f64, u64)> = vec![(0.0, 0)];
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let n = count() - base;
+        samples.push((started.elapsed().as_secs_f64(), n));
+        if n >= expected || started.elapsed() >= deadline {
+            break;
+        }
+    }
+    let reached = samples.last().map_or(0, |s| s.1);
+    let at = |frac: f64| {
+        let mark = (reached as f64 * frac) as u64;
+        samples
+            .iter()
+            .find(|s| s.1 >= mark)
+            .copied()
+            .unwrap_or((0.0, 0))
+    };
+    let (t10, n10) = at(0.1);
+    let (t90, n90) = at(0.9);
+    let steady = if t90 > t10 {
+        (n90 - n10) as f64 / (t90 - t10)
+    } else {
+        0.0
+    };
+    Rate {
+        delivered: reached,
+        expected,
+        steady_per_s: steady,
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn bench_config(s: &Settings, run: &str) -> Config {
+    let mut c = Config::dev_defaults();
+    c.store.kind = match s.store.as_str() {
+        "memory" => StoreKind::Memory,
+        "scylla" => StoreKind::Scylla,
+        other => panic!("HOOKLINE_BENCH_STORE={other:?}: memory or scylla"),
+    };
+    c.kafka.bootstrap_servers = s.kafka.clone();
+    c.kafka.partitions = s.partitions;
+    let t = &mut c.kafka.topics;
+    t.deliveries = format!("bench.{run}.deliveries");
+    t.endpoints = format!("bench.{run}.endpoints");
+    t.dlq = format!("bench.{run}.dlq");
+    t.invalid = format!("bench.{run}.invalid");
+    t.events = format!("bench.{run}.events");
+    t.retry_prefix = format!("bench.{run}.retry.");
+    c.kafka.group_prefix = format!("bench-{run}");
+    c.kafka.input_pattern = None;
+    // dev_defaults' linger 0 suits the mock cluster; a real broker wants a little batching.
+    c.kafka
+        .client
+        .insert("linger.ms".into(), s.linger_ms.to_string());
+    // Fewer tiers than the default six: less idle fetching, and parks in this run are short.
+    c.retry.tiers = [5, 30, 120].map(Duration::from_secs).to_vec();
+    c.http.total_timeout = s.timeout;
+    if let Some(m) = s.max_in_flight {
+        c.delivery.max_in_flight = m;
+    }
+    c
+}
+
+/// Waits until every partition of the run's topics answers a watermark query: a broker answers
+/// `NotLeaderForPartition` for a moment after creating them, and the endpoint registry's
+/// start-up treats that as fatal.
+async fn wait_for_leaders(config: &Config) {
+    let client: rdkafka::consumer::BaseConsumer =
+        client_config(&config.kafka.bootstrap_servers, &config.kafka.client)
+            .set("group.id", "bench-metadata")
+            .create()
+            .expect("metadata client");
+    let specs = service::topic_specs(config);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = specs.iter().all(|spec| {
+            (0..spec.partitions).all(|p| {
+                client
+                    .fetch_watermarks(&spec.name, p, Duration::from_secs(5))
+                    .is_ok()
+            })
+        });
+        if ready {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run's topics have no leaders after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn delete_topics(config: &Config) {
+    let admin: Result<AdminClient<DefaultClientContext>, _> =
+        client_config(&config.kafka.bootstrap_servers, &config.kafka.client).create();
+    let Ok(admin) = admin else { return };
+    let names: Vec<String> = service::topic_specs(config)
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let _ = admin.delete_topics(&refs, &AdminOptions::new()).await;
+}
+
+struct Report {
+    settings: Settings,
+    cpus: usize,
+    load_before: String,
+    load_after: String,
+    raw: f64,
+    body_seen: u64,
+    throughput: Rate,
+    latency_rate: f64,
+    latency: Option<(u64, u64, u64, usize)>,
+    isolation: Rate,
+    isolation_baseline: f64,
+    hanging_tried: u64,
+}
+
+impl Report {
+    fn print(&self) {
+        let s = &self.settings;
+        let ratio = self.throughput.steady_per_s / self.raw * 100.0;
+        let iso_pct = self.isolation.steady_per_s / self.isolation_baseline * 100.0;
+        let row =
+            |k: &str, v: String, target: &str| println!("| {k:<44} | {v:>22} | {target:<14} |");
+        println!();
+        println!("hookline end-to-end benchmark");
+        println!("| {:<44} | {:>22} | {:<14} |", "measure", "value", "target");
+        println!("|{:-<46}|{:-<24}|{:-<16}|", "", "", "");
+        row(
+            "machine: cpus / load avg before",
+            format!("{} / {}", self.cpus, self.load_before),
+            "",
+        );
+        row("machine: load avg after", self.load_after.clone(), "");
+        row(
+            "receiver raw ceiling (req/s)",
+            format!("{:.0}", self.raw),
+            "",
+        );
+        row(
+            "hookline sustained (deliveries/s)",
+            format!("{:.0}", self.throughput.steady_per_s),
+            ">= 25000",
+        );
+        row(
+            "  delivered / expected",
+            format!(
+                "{} / {}",
+                self.throughput.delivered, self.throughput.expected
+            ),
+            "",
+        );
+        row("ratio hookline / raw ceiling", format!("{ratio:.1}%"), "");
+        row(
+            "latency run rate (deliveries/s)",
+            format!("{:.0}", self.latency_rate),
+            "",
+        );
+        match self.latency {
+            Some((p50, p99, max, n)) => {
+                row(
+                    "event-to-delivery p50 (ms)",
+                    format!("{:.1}", p50 as f64 / 1e3),
+                    "",
+                );
+                row(
+                    "event-to-delivery p99 (ms)",
+                    format!("{:.1}", p99 as f64 / 1e3),
+                    "< 50",
+                );
+                row(
+                    "event-to-delivery max (ms) / samples",
+                    format!("{:.1} / {n}", max as f64 / 1e3),
+                    "",
+                );
+            }
+            None => row("event-to-delivery", "no samples".into(), "< 50"),
+        }
+        row(
+            "healthy rate, 1 endpoint hanging (del./s)",
+            format!("{:.0}", self.isolation.steady_per_s),
+            "",
+        );
+        row(
+            "  baseline (healthy share, all healthy)",
+            format!("{:.0}", self.isolation_baseline),
+            "",
+        );
+        row("  % of baseline", format!("{iso_pct:.1}%"), ">= 90%");
+        row(
+            "  healthy delivered / expected",
+            format!("{} / {}", self.isolation.delivered, self.isolation.expected),
+            "",
+        );
+        row(
+            "  requests the hanging endpoint received",
+            self.hanging_tried.to_string(),
+            "",
+        );
+        println!();
+        println!(
+            "settings: events={} (isolation {}), endpoints={} (all subscribed to *), partitions={}, \
+             delivered body={} B (asked {}), store={}, kafka={}, linger.ms={}, max_in_flight/endpoint={}, \
+             http total timeout={:?}, raw: {} connections for {:?}, latency run {:?}, phase deadline {:?}",
+            s.events,
+            s.isolation_events,
+            s.endpoints,
+            s.partitions,
+            self.body_seen,
+            s.body_bytes,
+            s.store,
+            s.kafka,
+            s.linger_ms,
+            s.max_in_flight
+                .map_or_else(|| "16 (config default)".into(), |m| m.to_string()),
+            s.timeout,
+            s.raw_connections,
+            s.raw,
+            s.latency,
+            s.phase_deadline,
+        );
+    }
+}
+
+async fn run(s: Settings) -> Report {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load_before = load_average();
+    let stop = CancellationToken::new();
+    let rx = Receiver::start(s.endpoints, stop.clone()).await;
+
+    // 1. The receiver's raw ceiling.
+    let raw_body = Bytes::from(vec![b'x'; s.body_bytes]);
+    eprintln!(
+        "bench: raw ceiling, {} connections for {:?}",
+        s.raw_connections, s.raw
+    );
+    let raw = raw_ceiling(&rx, s.raw_connections, raw_body, s.raw).await;
+    eprintln!("bench: raw ceiling {raw:.0} req/s");
+
+    // 2. hookline on real Kafka, endpoints, one event through every stage.
+    let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+    let config = bench_config(&s, &run);
+    service::prepare_topics(&config)
+        .await
+        .expect("create the run's topics (is `tests/services up` running?)");
+    wait_for_leaders(&config).await;
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let handles = match service::start(&config, Role::All, &shutdown, &tasks).await {
+        Ok(h) => h,
+        Err(e) => {
+            delete_topics(&config).await;
+            panic!("hookline did not start (store={}): {e}", s.store);
+        }
+    };
+    for i in 0..s.endpoints {
+        let endpoint = Endpoint::create(
+            CreateEndpoint {
+                tenant: Tenant::parse("bench").expect("tenant"),
+                url: rx.url(i),
+                event_types: vec!["*".into()],
+                max_in_flight: None,
+                rate_limit_per_s: None,
+                secret: None,
+            },
+            SystemTime::now(),
+        )
+        .expect("endpoint");
+        handles
+            .endpoints
+            .put(&endpoint)
+            .await
+            .expect("endpoint written");
+    }
+    let producer: FutureProducer =
+        producer_config(&config.kafka.bootstrap_servers, &config.kafka.client)
+            .create()
+            .expect("producer");
+    let topic = config.kafka.topics.events.clone();
+    let e = s.endpoints as u64;
+    let all = 0..s.endpoints;
+    let warm = produce(&producer, &topic, 'w', 1, s.body_bytes, None).await;
+    drop(warm);
+    let warm_rate = watch_rate(e, Duration::from_secs(60), || rx.total(all.clone())).await;
+    assert_eq!(
+        warm_rate.delivered, e,
+        "the warm-up event reached every endpoint"
+    );
+    eprintln!(
+        "bench: pipeline warm; throughput run with {} events",
+        s.events
+    );
+
+    // 3. Throughput: produce everything, watch the receiver.
+    let expected = s.events * e;
+    let watcher = {
+        let state = rx.state.clone();
+        let deadline = s.phase_deadline;
+        tokio::spawn(async move {
+            watch_rate(expected, deadline, || {
+                state
+                    .per_endpoint
+                    .iter()
+                    .map(|c| c.load(Ordering::Relaxed))
+                    .sum()
+            })
+            .await
+        })
+    };
+    produce(&producer, &topic, 't', s.events, s.body_bytes, None).await;
+    let throughput = watcher.await.expect("watcher");
+    eprintln!(
+        "bench: sustained {:.0} deliveries/s ({} / {})",
+        throughput.steady_per_s, throughput.delivered, throughput.expected
+    );
+    // Let a short run's stragglers land so they do not count in the next phase.
+    let _ = watch_rate(
+        expected - throughput.delivered,
+        Duration::from_secs(10),
+        || rx.total(all.clone()),
+    )
+    .await;
+
+    // 4. Latency at half the sustained rate.
+    let half = (throughput.steady_per_s / 2.0).max(e as f64);
+    let events_per_s = half / e as f64;
+    let n = (events_per_s * s.latency.as_secs_f64()).ceil() as u64;
+    eprintln!(
+        "bench: latency run, {events_per_s:.0} events/s ({half:.0} deliveries/s) for {:?}",
+        s.latency
+    );
+    rx.state.recording.store(true, Ordering::Relaxed);
+    let lat_watch = {
+        let state = rx.state.clone();
+        let deadline = s.latency + Duration::from_secs(20);
+        tokio::spawn(async move {
+            watch_rate(n * e, deadline, || {
+                state
+                    .per_endpoint
+                    .iter()
+                    .map(|c| c.load(Ordering::Relaxed))
+                    .sum()
+            })
+            .await
+        })
+    };
+    let created = produce(&producer, &topic, 'l', n, s.body_bytes, Some(events_per_s)).await;
+    let lat_rate = lat_watch.await.expect("watcher");
+    rx.state.recording.store(false, Ordering::Relaxed);
+    let arrivals =
+        std::mem::take(&mut *rx.state.arrivals.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut lat: Vec<u64> = arrivals
+        .iter()
+        .filter_map(|&(seq, at)| {
+            let made = *created.get(usize::try_from(seq).ok()?)?;
+            Some(at.saturating_sub(made))
+        })
+        .collect();
+    lat.sort_unstable();
+    let latency = (!lat.is_empty()).then(|| {
+        (
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            *lat.last().unwrap_or(&0),
+            lat.len(),
+        )
+    });
+    eprintln!(
+        "bench: latency {latency:?} (p50, p99, max µs, samples); {} of {} delivered",
+        lat_rate.delivered, lat_rate.expected
+    );
+
+    // 5. Isolation: the last endpoint hangs.
+    let hanging = s.endpoints - 1;
+    let healthy = 0..hanging;
+    rx.state.hang[hanging].store(true, Ordering::Relaxed);
+    let hang_before = rx.count(hanging);
+    let iso_expected = s.isolation_events * hanging as u64;
+    eprintln!(
+        "bench: isolation run, endpoint {hanging} hangs; {} events",
+        s.isolation_events
+    );
+    let iso_watch = {
+        let state = rx.state.clone();
+        let deadline = s.phase_deadline;
+        tokio::spawn(async move {
+            watch_rate(iso_expected, deadline, || {
+                state.per_endpoint[..hanging]
+                    .iter()
+                    .map(|c| c.load(Ordering::Relaxed))
+                    .sum()
+            })
+            .await
+        })
+    };
+    produce(
+        &producer,
+        &topic,
+        'i',
+        s.isolation_events,
+        s.body_bytes,
+        None,
+    )
+    .await;
+    let isolation = iso_watch.await.expect("watcher");
+    let _ = healthy;
+    let hanging_tried = rx.count(hanging) - hang_before;
+    let isolation_baseline = throughput.steady_per_s * hanging as f64 / e as f64;
+    eprintln!(
+        "bench: healthy {:.0}/s with one hanging ({} / {})",
+        isolation.steady_per_s, isolation.delivered, isolation.expected
+    );
+
+    // Stop: hanging attempts end at the total timeout, so the drain is bounded by it.
+    shutdown.cancel();
+    tasks.close();
+    if tokio::time::timeout(s.timeout + Duration::from_secs(30), tasks.wait())
+        .await
+        .is_err()
+    {
+        eprintln!("bench: stages did not drain in time");
+    }
+    stop.cancel();
+    delete_topics(&config).await;
+    Report {
+        body_seen: rx.state.max_body.load(Ordering::Relaxed),
+        settings: s,
+        cpus,
+        load_before,
+        load_after: load_average(),
+        raw,
+        throughput,
+        latency_rate: lat_rate.steady_per_s,
+        latency,
+        isolation,
+        isolation_baseline,
+        hanging_tried,
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument that is not ours means another bench
+    // target was asked for.
+    if std::env::args()
+        .skip(1)
+        .any(|a| !a.starts_with('-') && a != "e2e")
+    {
+        return;
+    }
+    if let Ok(filter) = std::env::var("HOOKLINE_BENCH_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let settings = Settings::from_env();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let report = runtime.block_on(run(settings));
+    report.print();
+    runtime.shutdown_timeout(Duration::from_secs(5));
+}
