@@ -22,9 +22,11 @@ use hookline::admin::{AdminState, router};
 use hookline::config::{AdminConfig, Config, StoreKind, Token};
 use hookline::id::{DeliveryId, EventId};
 use hookline::migrate::{MIGRATIONS, migrate};
+use hookline::service;
 use hookline::storage::scylla::{ScyllaConfig, connect_session};
 use hookline::storage::{AttemptOutcome, DeliveryStatus};
 use http_body_util::BodyExt;
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use scylla::client::session::Session;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
@@ -35,7 +37,7 @@ use uuid::Uuid;
 
 use crate::pipeline::harness::{On, Pipeline, test_config, verify};
 use crate::services::fixture::{
-    Topics, require_connect, require_cql, require_kafka, require_postgres, unique,
+    Topics, kafka_config, require_connect, require_cql, require_kafka, require_postgres, unique,
 };
 use crate::support::receiver::{Receiver, Reply};
 
@@ -99,6 +101,50 @@ fn cql_config(node: &str, keyspace: &str) -> Config {
         ..ScyllaConfig::default()
     };
     c
+}
+
+/// Starts the pipeline on real Kafka after creating its topics and waiting until each
+/// partition has a leader: the registry's first metadata read fails on a topic created a moment
+/// ago (`NotLeaderForPartition`), which made these tests flaky when they ran in parallel.
+async fn start_pipeline(mut config: Config) -> Pipeline {
+    config.kafka.bootstrap_servers = require_kafka().await;
+    service::prepare_topics(&config)
+        .await
+        .expect("create the test's topics");
+    let names: Vec<String> = service::topic_specs(&config)
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    let probe: StreamConsumer = kafka_config(&config.kafka.bootstrap_servers)
+        .create()
+        .expect("metadata client");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    for name in &names {
+        loop {
+            let led = tokio::task::block_in_place(|| {
+                probe
+                    .fetch_metadata(Some(name), Duration::from_secs(5))
+                    .is_ok_and(|m| {
+                        m.topics().iter().all(|t| {
+                            t.error().is_none()
+                                && !t.partitions().is_empty()
+                                && t.partitions()
+                                    .iter()
+                                    .all(|p| p.leader() >= 0 && p.error().is_none())
+                        })
+                    })
+            });
+            if led {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "topic {name} has no leader 30 s after it was created"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Pipeline::start(On::Real, config).await
 }
 
 /// The admin API over the pipeline's own endpoint view and store, as `hookline run` serves it.
@@ -170,7 +216,7 @@ async fn outbox_row_to_receiver_with_every_attempt_in_the_admin_api() {
             let mut config = cql_config(&node, &keyspace);
             // Anchored on this test's own topic: hookline's topics never match it (validated).
             config.kafka.input_pattern = Some(format!(r"^outbox\.event\.{aggregatetype}$"));
-            let p = Pipeline::start(On::Real, config).await;
+            let p = start_pipeline(config).await;
 
             let tenant = unique("tenant");
             let calls = Arc::new(AtomicUsize::new(0));
@@ -367,7 +413,7 @@ async fn a_thirty_second_cql_outage_loses_nothing_and_duplicates_nothing() {
             // Records parked behind blocked attempts come back through the tiers; nothing here
             // should be dead-lettered for taking long.
             config.retry.window = Duration::from_secs(600);
-            let p = Pipeline::start(On::Real, config).await;
+            let p = start_pipeline(config).await;
             let receiver = Receiver::fixed(Reply::status(200)).await;
             let (endpoint, secret) = p.endpoint("acme", &receiver.url("/"), &["*"]).await;
             let post = |range: std::ops::Range<u32>| {

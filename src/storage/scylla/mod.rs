@@ -27,6 +27,9 @@
 //!
 //! When the cluster is unreachable every call fails with [`StoreError::Unavailable`] after at
 //! most `write_timeout`; the driver keeps reconnecting, so calls succeed again once it is back.
+//! At start-up [`ScyllaStore::open`] waits up to `startup_wait` for a cluster that does not
+//! answer yet ([`startup`]) and refuses at once a keyspace that `hookline migrate` has not
+//! brought to this binary's schema.
 
 mod config;
 mod row;
