@@ -37,6 +37,7 @@ use zeroize::Zeroizing;
 use crate::id::Tenant;
 use crate::retry_policy::RetryPolicy;
 use crate::sealed::MasterKey;
+pub use crate::storage::scylla::ScyllaConfig;
 
 /// Prefix of configuration environment variables.
 pub const ENV_PREFIX: &str = "HOOKLINE_";
@@ -53,8 +54,6 @@ pub const MAX_PAYLOAD_CEILING: u64 = 1_000_000;
 pub const MIN_TOKEN_LEN: usize = 16;
 /// Longest Kafka topic name.
 const MAX_TOPIC_LEN: usize = 249;
-/// Cassandra's longest TTL (20 years).
-const MAX_CQL_TTL: Duration = Duration::from_secs(630_720_000);
 
 /// What went wrong while loading or checking the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -466,7 +465,8 @@ pub struct SecurityConfig {
 pub struct StoreConfig {
     /// `memory` (for `hookline dev` and tests) or `scylla`.
     pub kind: StoreKind,
-    /// Used when `kind = "scylla"`.
+    /// Used when `kind = "scylla"`; validated whatever the kind, so a mistake shows before the
+    /// switch to it.
     pub scylla: ScyllaConfig,
 }
 
@@ -487,33 +487,6 @@ pub enum StoreKind {
     Memory,
     /// ScyllaDB or Cassandra over CQL.
     Scylla,
-}
-
-/// `[store.scylla]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ScyllaConfig {
-    /// Contact points, `host:port`.
-    pub nodes: Vec<String>,
-    /// Keyspace (created by `hookline migrate`).
-    pub keyspace: String,
-    /// Replication factor `hookline migrate` creates the keyspace with. 1 suits one local
-    /// node; production clusters want 3.
-    pub replication_factor: u8,
-    /// How long attempt rows are kept.
-    #[serde(deserialize_with = "duration")]
-    pub attempt_ttl: Duration,
-}
-
-impl Default for ScyllaConfig {
-    fn default() -> Self {
-        ScyllaConfig {
-            nodes: vec!["127.0.0.1:9042".into()],
-            keyspace: "hookline".into(),
-            replication_factor: 1,
-            attempt_ttl: Duration::from_secs(30 * 24 * 3600),
-        }
-    }
 }
 
 impl Config {
@@ -934,43 +907,10 @@ impl Config {
     }
 
     fn validate_store(&self) -> Result<(), ConfigError> {
-        let s = &self.store.scylla;
-        if self.store.kind == StoreKind::Scylla && s.nodes.is_empty() {
-            return Err(invalid(
-                "store.scylla.nodes",
-                "must list at least one node when store.kind = \"scylla\"",
-            ));
-        }
-        let ks_ok = s.keyspace.len() <= 48
-            && s.keyspace.starts_with(|c: char| c.is_ascii_alphabetic())
-            && s.keyspace
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !ks_ok {
-            return Err(invalid(
-                "store.scylla.keyspace",
-                format!(
-                    "= {:?} must be a letter then up to 47 letters, digits or '_'",
-                    s.keyspace
-                ),
-            ));
-        }
-        if s.replication_factor == 0 {
-            return Err(invalid(
-                "store.scylla.replication_factor",
-                "= 0 must be at least 1",
-            ));
-        }
-        if s.attempt_ttl < Duration::from_secs(1) || s.attempt_ttl > MAX_CQL_TTL {
-            return Err(invalid(
-                "store.scylla.attempt_ttl",
-                format!(
-                    "= {:?} must be between 1s and 20 years",
-                    humantime::format_duration(s.attempt_ttl).to_string()
-                ),
-            ));
-        }
-        Ok(())
+        self.store
+            .scylla
+            .validate()
+            .map_err(|e| invalid(e.full_key(), e.reason()))
     }
 }
 
@@ -1174,7 +1114,9 @@ fn de_error(key: String, message: String, origin: Option<String>) -> ConfigError
 // Field deserialisers whose errors quote the value and say what was expected; `de_error`
 // prefixes the key.
 
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+/// A humantime duration (`"500ms"`, `"2m"`), with an error that quotes the value; shared with
+/// the `[store.scylla]` table, which lives in [`crate::storage::scylla`].
+pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s).map_err(|_| {
         serde::de::Error::custom(format!(
@@ -1414,7 +1356,11 @@ mod tests {
         assert_eq!(c.admin.listen.to_string(), "0.0.0.0:9000");
         assert!(c.http.dangerous_allow_http);
         assert_eq!(c.store.scylla.keyspace, "ks2024");
-        assert_eq!(c.store.scylla.replication_factor, 3);
+        assert_eq!(c.store.scylla.replication_factor, Some(3));
+        assert_eq!(
+            c.store.scylla.replication().unwrap(),
+            crate::storage::scylla::Replication::Simple(3)
+        );
     }
 
     #[test]
@@ -1556,15 +1502,35 @@ mod tests {
             ),
             (
                 "[store.scylla]\nkeyspace = \"1ks\"",
-                "store.scylla.keyspace = \"1ks\" must be a letter",
+                "store.scylla.keyspace = \"1ks\" must be 1 to 48 lowercase letters",
+            ),
+            (
+                "[store.scylla]\nkeyspace = \"Hookline\"",
+                "store.scylla.keyspace = \"Hookline\" must be 1 to 48 lowercase letters",
             ),
             (
                 "[store.scylla]\nnodes = []",
-                "store.scylla.nodes must list at least one node",
+                "store.scylla.nodes must list at least one host:port",
+            ),
+            (
+                "[store.scylla]\nnodes = [\"db1:9042\", \"db2\"]",
+                "store.scylla.nodes[1] = \"db2\" is not host:port",
             ),
             (
                 "[store.scylla]\nattempt_ttl = \"30y\"",
                 "store.scylla.attempt_ttl = \"30years\" must be between 1s and 20 years",
+            ),
+            (
+                "[store.scylla]\nwrite_timeout = \"soon\"",
+                "store.scylla.write_timeout = \"soon\" is not a duration",
+            ),
+            (
+                "[store.scylla]\nreplication_factor = 3\nreplication = { dc1 = 3 }",
+                "store.scylla.replication and replication_factor are both set",
+            ),
+            (
+                "[store.scylla]\nkeyspac = \"x\"",
+                "unknown key store.scylla.keyspac (did you mean keyspace?)",
             ),
             ("[kafka", "config file test.toml is not valid TOML"),
         ];
@@ -1581,6 +1547,60 @@ mod tests {
             &[],
         );
         assert!(!key_err.contains("c2VjcmV0"), "{key_err}");
+    }
+
+    #[test]
+    fn env_reaches_every_store_scylla_key() {
+        let c = load(
+            "[store.scylla]\nnodes = [\"file:9042\"]\nkeyspace = \"from_file\"\n",
+            &[
+                (
+                    "HOOKLINE_STORE__SCYLLA__NODES",
+                    r#"["db1:9042","db2:9042"]"#,
+                ),
+                (
+                    "HOOKLINE_STORE__SCYLLA__REPLICATION",
+                    "{ dc1 = 3, dc2 = 2 }",
+                ),
+                ("HOOKLINE_STORE__SCYLLA__WRITE_TIMEOUT", "750ms"),
+                ("HOOKLINE_STORE__SCYLLA__AUDIT_TTL", "90d"),
+                ("HOOKLINE_STORE__SCYLLA__MAX_CONCURRENT_WRITES", "32"),
+                ("HOOKLINE_STORE__SCYLLA__LOCAL_DC", "dc1"),
+            ],
+        )
+        .unwrap();
+        let s = &c.store.scylla;
+        assert_eq!(s.nodes, ["db1:9042", "db2:9042"]);
+        assert_eq!(
+            s.keyspace, "from_file",
+            "file value kept where env is silent"
+        );
+        assert_eq!(
+            s.replication().unwrap().cql(),
+            "{'class': 'NetworkTopologyStrategy', 'dc1': 3, 'dc2': 2}"
+        );
+        assert_eq!(s.write_timeout, Duration::from_millis(750));
+        assert_eq!(s.audit_ttl, Duration::from_secs(90 * 86_400));
+        assert_eq!(s.max_concurrent_writes, 32);
+        assert_eq!(s.local_dc.as_deref(), Some("dc1"));
+        // Errors in nested keys say which variable set them.
+        assert_eq!(
+            err(
+                "",
+                &[("HOOKLINE_STORE__SCYLLA__NODES", r#"["db1:9042","db2"]"#)]
+            ),
+            "store.scylla.nodes[1] = \"db2\" is not host:port (e.g. \"10.0.0.1:9042\") (set by \
+             HOOKLINE_STORE__SCYLLA__NODES)"
+        );
+        assert_eq!(
+            err("", &[("HOOKLINE_STORE__SCYLLA__KEYSPACE", "Prod")]),
+            "store.scylla.keyspace = \"Prod\" must be 1 to 48 lowercase letters, digits or '_', \
+             starting with a letter (set by HOOKLINE_STORE__SCYLLA__KEYSPACE)"
+        );
+        assert!(
+            err("", &[("HOOKLINE_STORE__SCYLLA__NODEZ", "[]")])
+                .starts_with("unknown key store.scylla.nodez (did you mean nodes?)")
+        );
     }
 
     #[test]

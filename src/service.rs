@@ -26,6 +26,7 @@ use crate::ssrf::Policy;
 use crate::stage::{StageConsumer, StageContext};
 use crate::storage::DeliveryStore;
 use crate::storage::memory::MemoryStore;
+use crate::storage::scylla::{ScyllaError, ScyllaStore};
 
 /// A role a process plays; `All` is every one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -121,9 +122,21 @@ pub struct Handles {
 pub async fn open_store(config: &Config) -> Result<Arc<dyn DeliveryStore>, ServiceError> {
     match config.store.kind {
         StoreKind::Memory => Ok(Arc::new(MemoryStore::default())),
-        StoreKind::Scylla => Err(ServiceError::Store(
-            "store.kind = \"scylla\" is not available in this build yet; use \"memory\"".into(),
-        )),
+        // Start-up waits (bounded by store.scylla.startup_wait) for a cluster that is still
+        // coming up; a keyspace that needs `hookline migrate` fails at once. Every message
+        // names the nodes, so a wrong address is obvious.
+        StoreKind::Scylla => {
+            let scylla = &config.store.scylla;
+            let store = ScyllaStore::open(scylla).await.map_err(|e| match e {
+                ScyllaError::Unreachable { .. } => ServiceError::Store(e.to_string()),
+                other => ServiceError::Store(format!(
+                    "CQL nodes {:?}, keyspace {:?}: {other}",
+                    scylla.nodes, scylla.keyspace
+                )),
+            })?;
+            tracing::info!(nodes = ?scylla.nodes, keyspace = %scylla.keyspace, "CQL store open");
+            Ok(Arc::new(store))
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 use std::process::ExitCode;
 
 use super::MigrateArgs;
+use crate::config::Config;
 use crate::migrate::{MIGRATIONS, migrate};
 use crate::storage::scylla::{ScyllaConfig, connect_session};
 
@@ -59,24 +60,20 @@ pub(super) fn run(args: &MigrateArgs) -> ExitCode {
     }
 }
 
-/// `[store.scylla]` from `--config` (defaults without it), then the flags on top.
+/// The whole layered config (defaults < `--config` < `HOOKLINE_*` environment, validated), then
+/// the flags on top; `[store.scylla]` is what migrate uses.
 fn config(args: &MigrateArgs) -> Result<ScyllaConfig, String> {
-    // TODO(lead): full Config — read the whole layered config instead of `[store.scylla]` only.
-    let mut config = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read --config {}: {e}", path.display()))?;
-            ScyllaConfig::from_toml_file_text(&text)
-                .map_err(|e| format!("{}: {e}", path.display()))?
-        }
-        None => ScyllaConfig::default(),
-    };
+    let mut config = Config::load(args.config.as_deref())
+        .map_err(|e| e.to_string())?
+        .store
+        .scylla;
     if !args.nodes.is_empty() {
         config.nodes = args.nodes.clone();
     }
     if let Some(ks) = &args.keyspace {
         config.keyspace = ks.clone();
     }
+    // The flags are checked like the file: the message names the key they replace.
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)
 }
@@ -105,7 +102,18 @@ mod tests {
         assert_eq!(c.keyspace, "from_flag");
         std::fs::write(&path, "[store.scylla]\nbogus = 1\n").unwrap();
         let err = config(&args).unwrap_err();
-        assert!(err.contains("bogus"), "{err}");
+        assert!(err.starts_with("unknown key store.scylla.bogus"), "{err}");
+        // The whole file is read and validated, not only [store.scylla].
+        std::fs::write(&path, "[retry]\ntiers = []\n").unwrap();
+        let err = config(&args).unwrap_err();
+        assert!(err.starts_with("retry.tiers must list"), "{err}");
+        let bad_flag = MigrateArgs {
+            config: None,
+            nodes: vec!["nohost".into()],
+            keyspace: None,
+        };
+        let err = config(&bad_flag).unwrap_err();
+        assert!(err.starts_with("store.scylla.nodes[0]"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

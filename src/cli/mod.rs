@@ -95,7 +95,8 @@ pub struct VerifyArgs {
 /// `hookline migrate`.
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
-    /// Read `[store.scylla]` from this TOML file.
+    /// The config file `hookline run` takes (TOML, layered with `HOOKLINE_*` environment
+    /// variables); migrate uses its `[store.scylla]`.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// CQL contact points (host:port), replacing the config's; comma-separated or repeated.

@@ -8,7 +8,8 @@ use serde::Deserialize;
 /// The longest TTL CQL accepts (20 years, in seconds).
 pub const MAX_CQL_TTL: Duration = Duration::from_secs(630_720_000);
 
-/// The CQL store's settings, the `[store.scylla]` table of the config file.
+/// The CQL store's settings, the `[store.scylla]` table of [`crate::config::Config`] (which
+/// deserialises it, environment overrides included, and calls [`ScyllaConfig::validate`]).
 ///
 /// ```toml
 /// [store.scylla]
@@ -16,9 +17,11 @@ pub const MAX_CQL_TTL: Duration = Duration::from_secs(630_720_000);
 /// keyspace = "hookline"
 /// replication = { dc1 = 3, dc2 = 3 }   # or: replication_factor = 3
 /// attempt_ttl = "30d"
+/// audit_ttl = "365d"
 /// write_timeout = "2s"
 /// max_concurrent_writes = 256
 /// local_dc = "dc1"
+/// startup_wait = "60s"
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -32,18 +35,22 @@ pub struct ScyllaConfig {
     /// NetworkTopologyStrategy: replicas per datacenter.
     pub replication: Option<BTreeMap<String, u32>>,
     /// How long attempt rows, delivery state and history are kept.
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "crate::config::duration")]
     pub attempt_ttl: Duration,
     /// How long replay audit rows are kept.
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "crate::config::duration")]
     pub audit_ttl: Duration,
     /// Client-side timeout of one CQL request (retries included).
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "crate::config::duration")]
     pub write_timeout: Duration,
     /// CQL requests in flight at once from this process; further writes wait for a slot.
     pub max_concurrent_writes: usize,
     /// The datacenter to prefer (token-aware within it); any when unset.
     pub local_dc: Option<String>,
+    /// How long start-up keeps retrying an unreachable cluster before it fails (`0s`: one try).
+    /// Covers a cluster that starts alongside hookline; a missing schema fails at once.
+    #[serde(deserialize_with = "crate::config::duration")]
+    pub startup_wait: Duration,
 }
 
 impl Default for ScyllaConfig {
@@ -58,6 +65,7 @@ impl Default for ScyllaConfig {
             write_timeout: Duration::from_secs(2),
             max_concurrent_writes: 256,
             local_dc: None,
+            startup_wait: Duration::from_secs(60),
         }
     }
 }
@@ -91,25 +99,39 @@ impl Replication {
     }
 }
 
-/// A `[store.scylla]` value that cannot work, naming the key.
+/// A `[store.scylla]` value that cannot work. The message reads like the rest of the config's
+/// errors: the full key, then `= value` when there is one, then why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     /// A key has an unusable value.
-    #[error("store.scylla.{key}: {reason}")]
+    #[error("store.scylla.{key} {reason}")]
     Invalid {
-        /// The key, relative to `[store.scylla]`.
-        key: &'static str,
-        /// What is wrong and what is accepted.
+        /// The key relative to `[store.scylla]`, with an index for list items (`nodes[1]`).
+        key: String,
+        /// `= value why`, or just why; says what is accepted.
         reason: String,
     },
-    /// The TOML could not be read as a `[store.scylla]` table.
-    #[error("store.scylla: {0}")]
-    Parse(String),
 }
 
-fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+impl ConfigError {
+    /// The full key path (`store.scylla.nodes[1]`), as [`crate::config`] names keys.
+    pub fn full_key(&self) -> String {
+        match self {
+            ConfigError::Invalid { key, .. } => format!("store.scylla.{key}"),
+        }
+    }
+
+    /// What is wrong with the value (the message without the key).
+    pub fn reason(&self) -> &str {
+        match self {
+            ConfigError::Invalid { reason, .. } => reason,
+        }
+    }
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
-        key,
+        key: key.into(),
         reason: reason.into(),
     }
 }
@@ -123,39 +145,41 @@ pub fn valid_keyspace(name: &str) -> bool {
         && bytes.all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_'))
 }
 
-impl ScyllaConfig {
-    /// Reads the `[store.scylla]` table of a whole config file (defaults when it is absent);
-    /// unknown keys in that table are rejected.
-    // TODO(lead): full Config — this reads only `[store.scylla]` until the config module lands.
-    pub fn from_toml_file_text(text: &str) -> Result<ScyllaConfig, ConfigError> {
-        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-            ConfigError::Parse(format!("not valid TOML: {}", e.message()))
-        })?;
-        let table = doc
-            .get("store")
-            .and_then(|s| s.get("scylla"))
-            .cloned()
-            .unwrap_or_else(|| toml::Value::Table(toml::Table::new()));
-        let config: ScyllaConfig = table
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Parse(e.message().to_owned()))?;
-        config.validate()?;
-        Ok(config)
-    }
+/// Longest `startup_wait` accepted: beyond it a process supervisor's restart is the better wait.
+pub const MAX_STARTUP_WAIT: Duration = Duration::from_secs(3600);
 
+/// Most contact points accepted: the driver discovers the rest of the cluster from any one.
+pub const MAX_NODES: usize = 64;
+
+impl ScyllaConfig {
     /// Checks every value; the error names the key and says what is accepted.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.nodes.is_empty() {
-            return Err(invalid("nodes", "at least one host:port is required"));
+            return Err(invalid("nodes", "must list at least one host:port"));
         }
-        if let Some(bad) = self.nodes.iter().find(|n| !looks_like_host_port(n)) {
-            return Err(invalid("nodes", format!("{bad:?} is not host:port")));
+        if self.nodes.len() > MAX_NODES {
+            return Err(invalid(
+                "nodes",
+                format!("must list at most {MAX_NODES} contact points"),
+            ));
+        }
+        if let Some((i, bad)) = self
+            .nodes
+            .iter()
+            .enumerate()
+            .find(|(_, n)| !looks_like_host_port(n))
+        {
+            return Err(invalid(
+                format!("nodes[{i}]"),
+                format!("= {bad:?} is not host:port (e.g. \"10.0.0.1:9042\")"),
+            ));
         }
         if !valid_keyspace(&self.keyspace) {
             return Err(invalid(
                 "keyspace",
                 format!(
-                    "{:?}: use 1 to 48 lowercase letters, digits or _, starting with a letter",
+                    "= {:?} must be 1 to 48 lowercase letters, digits or '_', starting with a \
+                     letter",
                     self.keyspace
                 ),
             ));
@@ -168,21 +192,42 @@ impl ScyllaConfig {
             if ttl < Duration::from_secs(1) || ttl > MAX_CQL_TTL {
                 return Err(invalid(
                     key,
-                    "must be between 1s and 20 years (CQL's TTL limit)",
+                    format!(
+                        "= {:?} must be between 1s and 20 years (CQL's TTL limit)",
+                        humantime::format_duration(ttl).to_string()
+                    ),
                 ));
             }
         }
         if self.write_timeout.is_zero() || self.write_timeout > Duration::from_secs(60) {
-            return Err(invalid("write_timeout", "must be between 1ms and 60s"));
+            return Err(invalid(
+                "write_timeout",
+                format!(
+                    "= {:?} must be between 1ms and 60s",
+                    humantime::format_duration(self.write_timeout).to_string()
+                ),
+            ));
         }
         if !(1..=65_536).contains(&self.max_concurrent_writes) {
             return Err(invalid(
                 "max_concurrent_writes",
-                "must be between 1 and 65536",
+                format!(
+                    "= {} must be between 1 and 65536",
+                    self.max_concurrent_writes
+                ),
             ));
         }
         if self.local_dc.as_deref().is_some_and(str::is_empty) {
             return Err(invalid("local_dc", "must not be empty when set"));
+        }
+        if self.startup_wait > MAX_STARTUP_WAIT {
+            return Err(invalid(
+                "startup_wait",
+                format!(
+                    "= {:?} must be at most 1h",
+                    humantime::format_duration(self.startup_wait).to_string()
+                ),
+            ));
         }
         Ok(())
     }
@@ -193,11 +238,12 @@ impl ScyllaConfig {
         match (&self.replication, self.replication_factor) {
             (Some(_), Some(_)) => Err(invalid(
                 "replication",
-                "set either replication (per datacenter) or replication_factor, not both",
+                "and replication_factor are both set: set either replication (per datacenter) \
+                 or replication_factor, not both",
             )),
             (Some(dcs), None) => {
                 if dcs.is_empty() {
-                    return Err(invalid("replication", "name at least one datacenter"));
+                    return Err(invalid("replication", "must name at least one datacenter"));
                 }
                 for (dc, n) in dcs {
                     let ok_name = !dc.is_empty()
@@ -211,12 +257,15 @@ impl ScyllaConfig {
                         ));
                     }
                     if *n == 0 {
-                        return Err(invalid("replication", format!("{dc}: at least 1 replica")));
+                        return Err(invalid(
+                            format!("replication.{dc}"),
+                            "= 0 must be at least 1",
+                        ));
                     }
                 }
                 Ok(Replication::NetworkTopology(dcs.clone()))
             }
-            (None, Some(0)) => Err(invalid("replication_factor", "must be at least 1")),
+            (None, Some(0)) => Err(invalid("replication_factor", "= 0 must be at least 1")),
             (None, n) => Ok(Replication::Simple(n.unwrap_or(1))),
         }
     }
@@ -248,32 +297,44 @@ fn looks_like_host_port(s: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// The `[store.scylla]` table alone, as the config module hands it over.
+    fn parse(table: &str) -> Result<ScyllaConfig, String> {
+        let c: ScyllaConfig = toml::from_str(table).map_err(|e| e.message().to_owned())?;
+        c.validate().map_err(|e| e.to_string())?;
+        Ok(c)
+    }
+
     #[test]
-    fn defaults_apply_when_the_table_is_absent() {
-        let c = ScyllaConfig::from_toml_file_text("[admin]\nlisten = \"x\"\n").unwrap();
+    fn defaults_are_valid() {
+        let c = parse("").unwrap();
         assert_eq!(c, ScyllaConfig::default());
         assert_eq!(c.replication().unwrap(), Replication::Simple(1));
         assert_eq!(c.attempt_ttl_secs(), 30 * 86_400);
     }
 
     #[test]
-    fn reads_the_store_scylla_table() {
-        let c = ScyllaConfig::from_toml_file_text(
+    fn reads_every_key() {
+        let c = parse(
             r#"
-            [store.scylla]
             nodes = ["a:9042", "b:9043"]
             keyspace = "hl_prod"
             replication = { dc1 = 3, dc2 = 2 }
             attempt_ttl = "7d"
+            audit_ttl = "400d"
             write_timeout = "500ms"
             max_concurrent_writes = 64
             local_dc = "dc1"
+            startup_wait = "5s"
             "#,
         )
         .unwrap();
+        assert_eq!(c.startup_wait, Duration::from_secs(5));
         assert_eq!(c.nodes, ["a:9042", "b:9043"]);
         assert_eq!(c.attempt_ttl, Duration::from_secs(7 * 86_400));
+        assert_eq!(c.audit_ttl, Duration::from_secs(400 * 86_400));
         assert_eq!(c.write_timeout, Duration::from_millis(500));
+        assert_eq!(c.max_concurrent_writes, 64);
+        assert_eq!(c.local_dc.as_deref(), Some("dc1"));
         assert_eq!(
             c.replication().unwrap().cql(),
             "{'class': 'NetworkTopologyStrategy', 'dc1': 3, 'dc2': 2}"
@@ -282,26 +343,71 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_values_name_the_key() {
-        let e = ScyllaConfig::from_toml_file_text("[store.scylla]\nnodez = []\n").unwrap_err();
-        assert!(e.to_string().contains("nodez"), "{e}");
-        let e = ScyllaConfig::from_toml_file_text("[store.scylla]\nkeyspace = \"Bad-Name\"\n")
-            .unwrap_err();
-        assert!(e.to_string().starts_with("store.scylla.keyspace"), "{e}");
-        let e = ScyllaConfig::from_toml_file_text(
-            "[store.scylla]\nreplication_factor = 3\nreplication = { dc1 = 3 }\n",
-        )
+        let e = parse("nodez = []").unwrap_err();
+        assert!(e.contains("nodez"), "{e}");
+        let cases = [
+            (
+                "keyspace = \"Bad-Name\"",
+                "store.scylla.keyspace = \"Bad-Name\" must be 1 to 48 lowercase",
+            ),
+            (
+                "replication_factor = 3\nreplication = { dc1 = 3 }",
+                "store.scylla.replication and replication_factor are both set",
+            ),
+            (
+                "replication = { \"d'c\" = 3 }",
+                "store.scylla.replication datacenter name",
+            ),
+            (
+                "replication = { dc1 = 0 }",
+                "store.scylla.replication.dc1 = 0 must be at least 1",
+            ),
+            (
+                "replication_factor = 0",
+                "store.scylla.replication_factor = 0 must be at least 1",
+            ),
+            (
+                "attempt_ttl = \"0s\"",
+                "store.scylla.attempt_ttl = \"0s\" must be between 1s and 20 years",
+            ),
+            (
+                "nodes = [\"a:9042\", \"nohost\"]",
+                "store.scylla.nodes[1] = \"nohost\" is not host:port",
+            ),
+            ("nodes = []", "store.scylla.nodes must list at least one"),
+            (
+                "write_timeout = \"2m\"",
+                "store.scylla.write_timeout = \"2m\" must be between 1ms and 60s",
+            ),
+            (
+                "max_concurrent_writes = 0",
+                "store.scylla.max_concurrent_writes = 0 must be between 1 and 65536",
+            ),
+            (
+                "startup_wait = \"2h\"",
+                "store.scylla.startup_wait = \"2h\" must be at most 1h",
+            ),
+            ("local_dc = \"\"", "store.scylla.local_dc must not be empty"),
+        ];
+        for (table, want) in cases {
+            let got = parse(table).unwrap_err();
+            assert!(
+                got.starts_with(want),
+                "{table:?}: got {got:?}, want {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_error_splits_into_key_and_reason() {
+        let e = ScyllaConfig {
+            nodes: vec!["x".into()],
+            ..ScyllaConfig::default()
+        }
+        .validate()
         .unwrap_err();
-        assert!(e.to_string().contains("not both"), "{e}");
-        let e =
-            ScyllaConfig::from_toml_file_text("[store.scylla]\nreplication = { \"d'c\" = 3 }\n")
-                .unwrap_err();
-        assert!(e.to_string().contains("datacenter name"), "{e}");
-        let e = ScyllaConfig::from_toml_file_text("[store.scylla]\nattempt_ttl = \"0s\"\n")
-            .unwrap_err();
-        assert!(e.to_string().contains("attempt_ttl"), "{e}");
-        let e = ScyllaConfig::from_toml_file_text("[store.scylla]\nnodes = [\"nohost\"]\n")
-            .unwrap_err();
-        assert!(e.to_string().contains("host:port"), "{e}");
+        assert_eq!(e.full_key(), "store.scylla.nodes[0]");
+        assert!(e.reason().starts_with("= \"x\" is not host:port"), "{e}");
     }
 
     #[test]

@@ -27,9 +27,13 @@
 //!
 //! When the cluster is unreachable every call fails with [`StoreError::Unavailable`] after at
 //! most `write_timeout`; the driver keeps reconnecting, so calls succeed again once it is back.
+//! At start-up [`ScyllaStore::open`] waits up to `startup_wait` for a cluster that does not
+//! answer yet ([`startup`]) and refuses at once a keyspace that `hookline migrate` has not
+//! brought to this binary's schema.
 
 mod config;
 mod row;
+pub mod startup;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -52,7 +56,10 @@ use scylla::{DeserializeRow, SerializeRow};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-pub use config::{ConfigError, MAX_CQL_TTL, Replication, ScyllaConfig, valid_keyspace};
+pub use config::{
+    ConfigError, MAX_CQL_TTL, MAX_NODES, MAX_STARTUP_WAIT, Replication, ScyllaConfig,
+    valid_keyspace,
+};
 use row::{HistoryKey, day_of, from_cql, status_after, to_cql, write_timestamp};
 
 use super::{
@@ -115,6 +122,36 @@ pub enum ScyllaError {
     /// A statement could not be prepared or a query failed during set-up.
     #[error("CQL set-up failed: {0}")]
     Cql(String),
+    /// [`ScyllaStore::open`] spent its whole `startup_wait` without reaching the cluster.
+    #[error(
+        "gave up on CQL nodes {nodes:?} (keyspace {keyspace:?}) after {tries} tries in {}s: \
+         {last}. Check that the nodes are up and reachable from here; if the keyspace or its \
+         tables are missing, run `hookline migrate`",
+        waited.as_secs()
+    )]
+    Unreachable {
+        /// The configured contact points.
+        nodes: Vec<String>,
+        /// The keyspace.
+        keyspace: String,
+        /// How many connection attempts were made.
+        tries: u32,
+        /// How long they took, pauses included.
+        waited: Duration,
+        /// The last attempt's error.
+        last: Box<ScyllaError>,
+    },
+}
+
+impl ScyllaError {
+    /// Whether retrying cannot help: the settings are unusable or the schema is behind (only
+    /// `hookline migrate` fixes that).
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            ScyllaError::Config(_) | ScyllaError::SchemaBehind { .. }
+        )
+    }
 }
 
 /// Opens a session on the configured cluster: token-aware routing (within `local_dc` when set),
@@ -526,6 +563,44 @@ impl ScyllaStore {
     pub async fn connect(config: &ScyllaConfig) -> Result<ScyllaStore, ScyllaError> {
         let session = connect_session(config).await?;
         ScyllaStore::with_session(Arc::new(session), config).await
+    }
+
+    /// [`ScyllaStore::connect`] for start-up: a cluster that does not answer yet is retried with
+    /// growing pauses (logged at `warn`) for `config.startup_wait`; bad settings and a keyspace
+    /// behind this binary's schema fail at once.
+    pub async fn open(config: &ScyllaConfig) -> Result<ScyllaStore, ScyllaError> {
+        config.validate()?;
+        let outcome = startup::retry_until(
+            config.startup_wait,
+            || ScyllaStore::connect(config),
+            ScyllaError::is_permanent,
+            |tries, error, pause| {
+                tracing::warn!(
+                    nodes = ?config.nodes,
+                    keyspace = %config.keyspace,
+                    tries,
+                    retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+                    %error,
+                    "CQL store not reachable yet; retrying"
+                );
+            },
+        )
+        .await;
+        match outcome {
+            Ok(store) => Ok(store),
+            Err(startup::GaveUp::Permanent(e)) => Err(e),
+            Err(startup::GaveUp::Exhausted {
+                tries,
+                waited,
+                last,
+            }) => Err(ScyllaError::Unreachable {
+                nodes: config.nodes.clone(),
+                keyspace: config.keyspace.clone(),
+                tries,
+                waited,
+                last: Box::new(last),
+            }),
+        }
     }
 
     /// Builds the store on an open session (shared with, e.g., the migrator in tests). The

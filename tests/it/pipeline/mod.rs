@@ -1,7 +1,7 @@
 //! The whole pipeline (fan-out, delivery, delay tiers, DLQ) end to end, each scenario once on
 //! librdkafka's mock cluster and once on the real Kafka from `tests/services`.
 
-mod harness;
+pub(crate) mod harness;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
