@@ -267,7 +267,9 @@ pub async fn start(
             lanes,
             default_max_in_flight: config.delivery.max_in_flight,
             max_window: config.delivery.partition_max_in_flight as usize,
-            lane_queue: 1_000,
+            // A hanging endpoint may hold at most a quarter of its partition's window; beyond
+            // that its records park, so the endpoints sharing the partition keep flowing.
+            lane_queue: (config.delivery.partition_max_in_flight as usize / 4).max(1),
             drain_deadline: config.http.total_timeout + Duration::from_secs(5),
         });
         tasks.spawn(deliver::run(
