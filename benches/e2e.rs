@@ -51,6 +51,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+// The pipeline runs in-process here, so the bench needs the binary's allocator to measure it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Settings of one run, from the environment.
 #[derive(Debug, Clone)]
 struct Settings {

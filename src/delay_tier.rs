@@ -117,7 +117,7 @@ pub async fn run(
         let producer = producer.clone();
         let shutdown = shutdown.clone();
         async move {
-            let acked = produce_until_acked(&producer, &out, &shutdown).await;
+            let acked = produce_until_acked(&producer, out, &shutdown).await;
             (tp, offset, acked)
         }
     };

@@ -615,7 +615,7 @@ impl Stage {
             let (settled, health, disable) = match report {
                 None => (false, None, None),
                 Some(r) => {
-                    let acked = match &r.follow_up {
+                    let acked = match r.follow_up {
                         Some(out) => produce_until_acked(&producer, out, &stop).await,
                         None => true,
                     };
@@ -647,7 +647,7 @@ impl Stage {
                 Some(AttemptReport {
                     follow_up: Some(out),
                     ..
-                }) => produce_until_acked(&producer, &out, &stop).await,
+                }) => produce_until_acked(&producer, out, &stop).await,
                 Some(_) => true,
                 None => false,
             };
@@ -676,7 +676,7 @@ impl Stage {
         let parks = self.parks.clone();
         let stop = self.stop.clone();
         self.tasks.spawn(async move {
-            let acked = produce_until_acked(&producer, &out, &stop).await;
+            let acked = produce_until_acked(&producer, out, &stop).await;
             let _ = parks.send((tp, offset, acked));
         });
     }

@@ -188,7 +188,7 @@ pub async fn run(
         let stop = stop.clone();
         async move {
             let sends = records
-                .iter()
+                .into_iter()
                 .map(|r| produce_until_acked(&producer, r, &stop));
             let acked = futures::future::join_all(sends)
                 .await

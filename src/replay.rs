@@ -233,7 +233,7 @@ pub async fn replay(
         let out = outgoing(deliveries.clone(), &record.for_replay(replay_id.clone()));
         let sent = tokio::time::timeout(
             publish_deadline,
-            produce_until_acked(&producer, &out, &never),
+            produce_until_acked(&producer, out, &never),
         )
         .await;
         if !matches!(sent, Ok(true)) {
