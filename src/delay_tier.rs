@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::tier_name;
 use crate::record::DeliveryRecord;
-use crate::stage::{Outgoing, RebalanceEvent, Settlements, StageConsumer, Tp, produce_until_acked};
+use crate::stage::{Outgoing, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked};
 
 /// One delay tier.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,9 +150,8 @@ pub async fn run(
                 }
             }
             _ = store_tick.tick() => {
-                release_moved(&mut held, settlements.sync(&consumer));
-                settlements.store(&consumer);
-                settlements.flow_control(&consumer);
+                // A held head of a partition that moved is re-read by its new owner.
+                forget_moved(&mut held, &settlements.maintain(&consumer));
             }
             msg = consumer.recv() => {
                 let msg = match msg {
@@ -162,7 +161,7 @@ pub async fn run(
                         continue;
                     }
                 };
-                release_moved(&mut held, settlements.sync(&consumer));
+                forget_moved(&mut held, &settlements.sync(&consumer));
                 let tp: Tp = (Arc::from(msg.topic()), msg.partition());
                 let offset = msg.offset();
                 settlements.track(&tp, offset);
@@ -199,16 +198,6 @@ pub async fn run(
         }
     }
     drain(&consumer, &mut settlements, &mut forwards).await;
-}
-
-/// Forgets held heads of partitions that moved: their new owner re-reads them.
-fn release_moved(held: &mut HashMap<Tp, Held>, events: Vec<RebalanceEvent>) {
-    for e in events {
-        let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
-        for tp in tps {
-            held.remove(&tp);
-        }
-    }
 }
 
 async fn sleep_or_never(d: Option<Duration>) {

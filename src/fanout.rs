@@ -24,7 +24,7 @@ use crate::id::{EventId, Tenant};
 use crate::input::{InputConfig, InputEvent, InvalidInput, parse_message};
 use crate::record::{DeliveryRecord, Origin, UnixMillis};
 use crate::registry::{EndpointView, ViewStatus};
-use crate::stage::{Outgoing, RebalanceEvent, Settlements, StageConsumer, Tp, produce_until_acked};
+use crate::stage::{Outgoing, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked};
 use crate::subscription::{SubscriptionIndex, parse_filters};
 use crate::telemetry;
 
@@ -158,16 +158,6 @@ fn invalid_record(
     }
 }
 
-/// Drops the remembered ids of partitions that moved.
-fn forget_moved(recent: &mut std::collections::HashMap<Tp, Recent>, events: Vec<RebalanceEvent>) {
-    for e in events {
-        let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
-        for tp in tps {
-            recent.remove(&tp);
-        }
-    }
-}
-
 /// Runs the fan-out stage until `shutdown`, then waits (bounded) for records under way and
 /// commits what settled.
 pub async fn run(
@@ -204,9 +194,7 @@ pub async fn run(
             () = shutdown.cancelled() => break,
             Some((tp, offset, acked)) = pending.next() => if acked { settlements.settle(&tp, offset) },
             _ = tick.tick() => {
-                forget_moved(&mut recent, settlements.sync(&consumer));
-                settlements.store(&consumer);
-                settlements.flow_control(&consumer);
+                forget_moved(&mut recent, &settlements.maintain(&consumer));
             }
             msg = consumer.recv() => {
                 let msg = match msg {
@@ -218,7 +206,7 @@ pub async fn run(
                         continue;
                     }
                 };
-                forget_moved(&mut recent, settlements.sync(&consumer));
+                forget_moved(&mut recent, &settlements.sync(&consumer));
                 let tp: Tp = (Arc::from(msg.topic()), msg.partition());
                 let offset = msg.offset();
                 settlements.track(&tp, offset);

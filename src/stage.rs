@@ -196,6 +196,15 @@ impl Settlements {
         events
     }
 
+    /// The periodic work of a stage: apply rebalances, store settled offsets, pause or resume
+    /// partitions. Returns the rebalance events for the stage's own clean-up.
+    pub fn maintain<C: Consumer<StageContext>>(&mut self, consumer: &C) -> Vec<RebalanceEvent> {
+        let events = self.sync(consumer);
+        self.store(consumer);
+        self.flow_control(consumer);
+        events
+    }
+
     /// Applies rebalance events.
     pub fn apply(&mut self, events: &[RebalanceEvent]) {
         for e in events {
@@ -277,6 +286,17 @@ impl Settlements {
     /// True when every tracked record is settled.
     pub fn is_idle(&self) -> bool {
         self.trackers.values().all(OffsetTracker::is_idle)
+    }
+}
+
+/// Drops a stage's per-partition state for partitions that moved: their new owner re-reads
+/// from the committed offset.
+pub fn forget_moved<V>(state: &mut HashMap<Tp, V>, events: &[RebalanceEvent]) {
+    for e in events {
+        let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
+        for tp in tps {
+            state.remove(tp);
+        }
     }
 }
 
