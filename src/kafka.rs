@@ -35,7 +35,7 @@ pub enum KafkaError {
     #[error("kafka client configuration rejected: {0}")]
     Client(#[source] rdkafka::error::KafkaError),
     /// Creating a topic failed.
-    #[error("creating topic {topic} failed: {detail}")]
+    #[error("creating {topic} failed: {detail}")]
     CreateTopic {
         /// The topic.
         topic: String,
@@ -143,13 +143,17 @@ pub async fn ensure_topics(
             }
         })
         .collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    tracing::info!(bootstrap, topics = specs.len(), "creating missing topics");
+    // Without a request timeout an unreachable cluster makes this wait forever, silently.
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(Duration::from_secs(30)))
+        .request_timeout(Some(Duration::from_secs(30)));
     let results = admin
         .create_topics(topics.iter(), &opts)
         .await
         .map_err(|e| KafkaError::CreateTopic {
-            topic: "*".into(),
-            detail: e.to_string(),
+            topic: format!("{} topics", specs.len()),
+            detail: format!("{e} (is Kafka reachable at {bootstrap}?)"),
         })?;
     for r in results {
         match r {
@@ -157,10 +161,50 @@ pub async fn ensure_topics(
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((topic, code)) => {
                 return Err(KafkaError::CreateTopic {
-                    topic,
+                    topic: format!("topic {topic}"),
                     detail: code.to_string(),
                 });
             }
+        }
+    }
+    wait_for_leaders(&admin, specs).await
+}
+
+/// Waits until every partition of `specs` has a leader: a freshly created topic answers "not
+/// leader" for a moment, and stages that start earlier fail their first fetch.
+async fn wait_for_leaders(
+    admin: &AdminClient<DefaultClientContext>,
+    specs: &[TopicSpec],
+) -> Result<(), KafkaError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    for spec in specs {
+        loop {
+            let ready = tokio::task::block_in_place(|| {
+                admin
+                    .inner()
+                    .fetch_metadata(Some(&spec.name), Duration::from_secs(5))
+            })
+            .ok()
+            .and_then(|md| {
+                md.topics().first().map(|t| {
+                    t.error().is_none()
+                        && t.partitions().len() == spec.partitions as usize
+                        && t.partitions()
+                            .iter()
+                            .all(|p| p.leader() >= 0 && p.error().is_none())
+                })
+            })
+            .unwrap_or(false);
+            if ready {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(KafkaError::CreateTopic {
+                    topic: format!("topic {}", spec.name),
+                    detail: "created, but its partitions have no leader after 30 s".into(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
     Ok(())
@@ -240,7 +284,7 @@ impl EmbeddedKafka {
         rx.recv()
             .map_err(|_| KafkaError::Embedded("mock cluster thread exited".into()))?
             .map_err(|detail| KafkaError::CreateTopic {
-                topic: spec.name.clone(),
+                topic: format!("topic {}", spec.name),
                 detail,
             })
     }
