@@ -22,15 +22,9 @@ pub(super) fn run(args: &MigrateArgs) -> ExitCode {
             return ExitCode::from(USAGE_ERROR);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match super::runtime(super::Threads::One) {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let result = runtime.block_on(async {
         let replication = config.replication().map_err(|e| e.to_string())?;

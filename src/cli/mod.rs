@@ -146,6 +146,27 @@ impl BodySource {
     }
 }
 
+/// Which async runtime a command needs.
+#[derive(Clone, Copy)]
+enum Threads {
+    /// One thread: a single request or a small server.
+    One,
+    /// The service itself, or work that blocks in librdkafka calls (`block_in_place`).
+    Many,
+}
+
+/// The command's async runtime, or the exit code after saying why there is none.
+fn runtime(threads: Threads) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = match threads {
+        Threads::One => tokio::runtime::Builder::new_current_thread(),
+        Threads::Many => tokio::runtime::Builder::new_multi_thread(),
+    };
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("error: cannot start the async runtime: {e}");
+        ExitCode::FAILURE
+    })
+}
+
 /// Parses `std::env::args` and runs the chosen subcommand.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -81,12 +81,9 @@ pub(super) fn run(args: &ReceiveArgs) -> ExitCode {
         verifier: (!keys.is_empty()).then(|| Verifier::new(&keys)),
         status,
     });
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match super::runtime(super::Threads::One) {
         Ok(rt) => rt,
-        Err(e) => return super::serve::fail(e),
+        Err(code) => return code,
     };
     let listen = args.listen;
     let result = rt.block_on(async move {

@@ -71,12 +71,9 @@ pub(super) fn run(args: &ReplayArgs) -> ExitCode {
              it is also printed below"
         );
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match super::runtime(super::Threads::Many) {
         Ok(rt) => rt,
-        Err(e) => return super::serve::fail(e),
+        Err(code) => return code,
     };
     let terminal = std::io::stderr().is_terminal();
     let result = rt.block_on(async {

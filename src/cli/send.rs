@@ -104,15 +104,9 @@ fn signed_headers(
 }
 
 fn run(config: SenderConfig, request: OutboundRequest) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match super::runtime(super::Threads::One) {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let attempt = runtime.block_on(async {
         let sender = Sender::new(config).map_err(|e| e.to_string())?;

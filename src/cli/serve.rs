@@ -53,12 +53,6 @@ pub fn init_tracing() {
         .try_init();
 }
 
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-}
-
 /// Resolves on SIGINT or SIGTERM.
 async fn termination() {
     #[cfg(unix)]
@@ -130,9 +124,9 @@ pub(super) fn dev(args: &DevArgs) -> ExitCode {
         .clone()
         .unwrap_or_else(|| format!("dev_{}", uuid::Uuid::new_v4().simple()));
     config.admin.operator_tokens = vec![Token::new(token.clone())];
-    let rt = match runtime() {
+    let rt = match super::runtime(super::Threads::Many) {
         Ok(rt) => rt,
-        Err(e) => return fail(e),
+        Err(code) => return code,
     };
     let kafka = match EmbeddedKafka::start(&service::topic_specs(&config)) {
         Ok(k) => k,
@@ -183,9 +177,9 @@ pub(super) fn run(args: &RunArgs) -> ExitCode {
     if let Err(e) = config.require_master_key() {
         return fail(e);
     }
-    let rt = match runtime() {
+    let rt = match super::runtime(super::Threads::Many) {
         Ok(rt) => rt,
-        Err(e) => return fail(e),
+        Err(code) => return code,
     };
     let result = rt.block_on(async {
         service::install_metrics(&config)?;
