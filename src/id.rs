@@ -7,6 +7,7 @@
 //! same ids.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -57,14 +58,16 @@ macro_rules! string_id {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
+        // Shared, not owned: an id is cloned into every record, row and index that mentions
+        // it, and a clone of an `Arc<str>` is a reference count, not an allocation.
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// Checks and wraps an id given from outside.
             pub fn parse(s: impl Into<String>) -> Result<Self, IdError> {
                 let s = s.into();
                 check($kind, &s)?;
-                Ok($name(s))
+                Ok($name(Arc::from(s)))
             }
 
             /// The id as a string.
@@ -82,7 +85,7 @@ macro_rules! string_id {
 
         impl From<$name> for String {
             fn from(id: $name) -> String {
-                id.0
+                id.0.to_string()
             }
         }
 
@@ -133,14 +136,14 @@ const DELIVERY_NAMESPACE: Uuid = Uuid::from_u128(0x6f1c_2d0e_8a44_4b5e_9d3f_27c1
 impl EndpointId {
     /// A fresh endpoint id (`ep_` + UUIDv7, so ids sort by creation time).
     pub fn generate() -> EndpointId {
-        EndpointId(format!("ep_{}", Uuid::now_v7().simple()))
+        EndpointId(Arc::from(format!("ep_{}", Uuid::now_v7().simple())))
     }
 }
 
 impl EventId {
     /// A fresh event id (`msg_` + UUIDv7), for events ingested without one.
     pub fn generate() -> EventId {
-        EventId(format!("msg_{}", Uuid::now_v7().simple()))
+        EventId(Arc::from(format!("msg_{}", Uuid::now_v7().simple())))
     }
 }
 
@@ -152,10 +155,10 @@ impl DeliveryId {
         name.extend_from_slice(event.0.as_bytes());
         name.push(0);
         name.extend_from_slice(endpoint.0.as_bytes());
-        DeliveryId(format!(
+        DeliveryId(Arc::from(format!(
             "dlv_{}",
             Uuid::new_v5(&DELIVERY_NAMESPACE, &name).simple()
-        ))
+        )))
     }
 }
 
