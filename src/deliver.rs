@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use rand::SeedableRng;
 use rdkafka::Message;
 use rdkafka::producer::FutureProducer;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -82,6 +81,9 @@ struct Queued {
     endpoint: Arc<Endpoint>,
 }
 
+/// Send plans kept per endpoint before the cache is cleared and rebuilt as used.
+const MAX_PLANS: usize = 10_000;
+
 /// What an attempt task reports back to the stage loop.
 struct Done {
     tp: Tp,
@@ -119,6 +121,48 @@ fn signing_keys(endpoint: &Endpoint, now: SystemTime) -> Vec<SignerKey> {
         .collect()
 }
 
+/// What every attempt to one version of an endpoint shares: its parsed URL and its signer.
+/// Built once per endpoint version (and again when one of its secrets expires), not per
+/// attempt: parsing the URL and keying the HMACs cost more than signing one body.
+pub struct SendPlan {
+    version: u64,
+    url_text: String,
+    url: Result<Url, String>,
+    signer: Option<Signer>,
+    key_ids: Vec<String>,
+    /// The earliest expiry among the active secrets: from then on the signer is stale.
+    valid_until: Option<SystemTime>,
+}
+
+impl SendPlan {
+    /// The plan for `endpoint` as of `now`.
+    pub fn build(endpoint: &Endpoint, now: SystemTime) -> SendPlan {
+        let signer = Signer::new(&signing_keys(endpoint, now)).ok();
+        let key_ids = signer
+            .as_ref()
+            .map(|s| s.key_ids().map(str::to_owned).collect())
+            .unwrap_or_default();
+        SendPlan {
+            version: endpoint.version,
+            url_text: endpoint.url.clone(),
+            url: Url::parse(&endpoint.url).map_err(|e| format!("endpoint URL does not parse: {e}")),
+            signer,
+            key_ids,
+            valid_until: endpoint
+                .active_secrets(now)
+                .filter_map(|s| s.expires_at)
+                .min(),
+        }
+    }
+
+    /// Whether this plan still describes `endpoint` at `now`.
+    pub fn fits(&self, endpoint: &Endpoint, now: SystemTime) -> bool {
+        self.version == endpoint.version
+            && self.url_text == endpoint.url
+            && self.valid_until.is_none_or(|t| now < t)
+    }
+}
+
 /// An attempt that never left: nothing was sent.
 fn refused(detail: &str) -> Attempt {
     Attempt {
@@ -143,17 +187,15 @@ enum Unsendable {
     BadUrl(String),
 }
 
-/// Builds the signed request for `record` to `endpoint`, or the reason none can be sent.
+/// Builds the signed request for `record` following `plan`, or the reason none can be sent.
 fn prepare(
     record: &DeliveryRecord,
-    endpoint: &Endpoint,
+    plan: &SendPlan,
     attempt: u32,
     now: SystemTime,
 ) -> Result<(OutboundRequest, Vec<String>), Unsendable> {
-    let keys = signing_keys(endpoint, now);
-    let signer = Signer::new(&keys).map_err(|_| Unsendable::NoKey)?;
-    let url = Url::parse(&endpoint.url)
-        .map_err(|e| Unsendable::BadUrl(format!("endpoint URL does not parse: {e}")))?;
+    let signer = plan.signer.as_ref().ok_or(Unsendable::NoKey)?;
+    let url = plan.url.clone().map_err(Unsendable::BadUrl)?;
     let mut headers = HeaderMap::with_capacity(6);
     let signed = signer.headers(record.event_id.as_str(), unix_secs(now), &record.body);
     for (name, value) in signed.iter() {
@@ -172,14 +214,13 @@ fn prepare(
     {
         headers.insert(HeaderName::from_static(REPLAY_HEADER), replay);
     }
-    let key_ids = signer.key_ids().map(str::to_owned).collect();
     Ok((
         OutboundRequest {
             url,
             headers,
             body: record.body.clone(),
         },
-        key_ids,
+        plan.key_ids.clone(),
     ))
 }
 
@@ -190,12 +231,13 @@ impl DeliverDeps {
         &self,
         record: DeliveryRecord,
         endpoint: &Endpoint,
+        plan: &SendPlan,
         stop: &CancellationToken,
     ) -> Option<AttemptReport> {
         let started = SystemTime::now();
         let record = record.with_first_attempt_at(started);
         let attempt_no = record.attempts.saturating_add(1);
-        let (attempt, key_ids, no_key) = match prepare(&record, endpoint, attempt_no, started) {
+        let (attempt, key_ids, no_key) = match prepare(&record, plan, attempt_no, started) {
             Ok((request, key_ids)) => {
                 telemetry::in_flight(1.0);
                 let a = self.sender.send(request).await;
@@ -230,12 +272,8 @@ impl DeliverDeps {
             }
         } else {
             let verdict = classify(&attempt.result, finished);
-            self.policy.decide(
-                verdict,
-                attempt_no,
-                elapsed,
-                &mut rand::rngs::SmallRng::from_os_rng(),
-            )
+            self.policy
+                .decide(verdict, attempt_no, elapsed, &mut rand::rng())
         };
         self.settle_decision(
             record, attempt, attempt_no, started, key_ids, decision, stop,
@@ -389,6 +427,7 @@ struct Stage {
     settlements: Settlements,
     lanes: Lanes,
     queues: HashMap<EndpointId, VecDeque<Queued>>,
+    plans: HashMap<EndpointId, Arc<SendPlan>>,
     done_tx: mpsc::UnboundedSender<Done>,
     parks: mpsc::UnboundedSender<(Tp, i64, bool)>,
     tasks: TaskTracker,
@@ -409,6 +448,7 @@ pub async fn run(
         settlements: Settlements::new("deliver", deps.max_window),
         lanes: Lanes::new(deps.lanes),
         queues: HashMap::new(),
+        plans: HashMap::new(),
         deps,
         producer,
         done_tx,
@@ -599,7 +639,24 @@ impl Stage {
         }
     }
 
-    fn spawn_attempt(&self, q: Queued, permit: Permit) {
+    /// The send plan for `endpoint`, built when it changed or was never used here.
+    fn plan(&mut self, endpoint: &Endpoint) -> Arc<SendPlan> {
+        let now = SystemTime::now();
+        if let Some(plan) = self.plans.get(&endpoint.id)
+            && plan.fits(endpoint, now)
+        {
+            return plan.clone();
+        }
+        if self.plans.len() >= MAX_PLANS {
+            self.plans.clear();
+        }
+        let plan = Arc::new(SendPlan::build(endpoint, now));
+        self.plans.insert(endpoint.id.clone(), plan.clone());
+        plan
+    }
+
+    fn spawn_attempt(&mut self, q: Queued, permit: Permit) {
+        let plan = self.plan(&q.endpoint);
         let deps = self.deps.clone();
         let producer = self.producer.clone();
         let done = self.done_tx.clone();
@@ -611,7 +668,7 @@ impl Stage {
                 record,
                 endpoint,
             } = q;
-            let report = deps.attempt(record, &endpoint, &stop).await;
+            let report = deps.attempt(record, &endpoint, &plan, &stop).await;
             let (settled, health, disable) = match report {
                 None => (false, None, None),
                 Some(r) => {
