@@ -14,10 +14,15 @@ use crate::id::{DeliveryId, EndpointId, EventId};
 /// Ordering key of an endpoint's history: newest first means iterating this in reverse.
 type HistoryKey = (u128, DeliveryId);
 
+/// One delivery: its state and its attempts, oldest first.
+struct Entry {
+    state: DeliveryState,
+    attempts: Vec<AttemptRow>,
+}
+
 #[derive(Default)]
 struct Inner {
-    states: HashMap<DeliveryId, DeliveryState>,
-    attempts: HashMap<DeliveryId, Vec<AttemptRow>>,
+    deliveries: HashMap<DeliveryId, Entry>,
     by_endpoint: HashMap<EndpointId, BTreeSet<HistoryKey>>,
     by_event: HashMap<EventId, BTreeSet<DeliveryId>>,
     /// Deliveries in the order they were first seen, for eviction.
@@ -78,7 +83,7 @@ impl Inner {
         let Some(id) = self.arrival.pop_front() else {
             return;
         };
-        if let Some(state) = self.states.remove(&id) {
+        if let Some(Entry { state, .. }) = self.deliveries.remove(&id) {
             if let Some(set) = self.by_endpoint.get_mut(&state.endpoint_id) {
                 set.remove(&(nanos(state.first_attempt_at), id.clone()));
                 if set.is_empty() {
@@ -92,50 +97,79 @@ impl Inner {
                 }
             }
         }
-        self.attempts.remove(&id);
     }
 }
 
 #[async_trait]
 impl DeliveryStore for MemoryStore {
     async fn record_attempt(&self, row: &AttemptRow) -> Result<(), StoreError> {
-        let mut inner = self.lock();
-        let previous = inner.states.get(&row.delivery_id);
-        let next = DeliveryState::after(previous, row);
-        let old_key = previous.map(|p| (nanos(p.first_attempt_at), p.delivery_id.clone()));
-        let is_new = previous.is_none();
-        if is_new {
-            while inner.states.len() >= self.capacity {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        if !inner.deliveries.contains_key(&row.delivery_id) {
+            while inner.deliveries.len() >= self.capacity {
                 inner.evict_oldest();
             }
             inner.arrival.push_back(row.delivery_id.clone());
+            let state = DeliveryState::after(None, row);
+            inner
+                .by_endpoint
+                .entry(row.endpoint_id.clone())
+                .or_default()
+                .insert((nanos(state.first_attempt_at), row.delivery_id.clone()));
+            inner
+                .by_event
+                .entry(row.event_id.clone())
+                .or_default()
+                .insert(row.delivery_id.clone());
+            inner.deliveries.insert(
+                row.delivery_id.clone(),
+                Entry {
+                    state,
+                    attempts: vec![row.clone()],
+                },
+            );
+            return Ok(());
         }
-        let history = inner
-            .by_endpoint
-            .entry(row.endpoint_id.clone())
-            .or_default();
-        if let Some(k) = old_key {
-            history.remove(&k);
+        let entry = inner
+            .deliveries
+            .get_mut(&row.delivery_id)
+            .expect("checked above");
+        let next = DeliveryState::after(Some(&entry.state), row);
+        let old_first = nanos(entry.state.first_attempt_at);
+        let new_first = nanos(next.first_attempt_at);
+        if old_first != new_first {
+            let history = inner
+                .by_endpoint
+                .entry(row.endpoint_id.clone())
+                .or_default();
+            history.remove(&(old_first, row.delivery_id.clone()));
+            history.insert((new_first, row.delivery_id.clone()));
         }
-        history.insert((nanos(next.first_attempt_at), row.delivery_id.clone()));
-        inner
-            .by_event
-            .entry(row.event_id.clone())
-            .or_default()
-            .insert(row.delivery_id.clone());
-        let rows = inner.attempts.entry(row.delivery_id.clone()).or_default();
-        rows.push(row.clone());
-        rows.sort_by_key(|r| (r.started_at, r.attempt));
-        inner.states.insert(row.delivery_id.clone(), next);
+        entry.state = next;
+        entry.attempts.push(row.clone());
+        // Attempts mostly arrive in order; sort only when this one did not.
+        if entry
+            .attempts
+            .windows(2)
+            .last()
+            .is_some_and(|w| (w[0].started_at, w[0].attempt) > (w[1].started_at, w[1].attempt))
+        {
+            entry.attempts.sort_by_key(|r| (r.started_at, r.attempt));
+        }
         Ok(())
     }
 
     async fn delivery(&self, id: &DeliveryId) -> Result<Option<DeliveryState>, StoreError> {
-        Ok(self.lock().states.get(id).cloned())
+        Ok(self.lock().deliveries.get(id).map(|e| e.state.clone()))
     }
 
     async fn attempts(&self, id: &DeliveryId) -> Result<Vec<AttemptRow>, StoreError> {
-        Ok(self.lock().attempts.get(id).cloned().unwrap_or_default())
+        Ok(self
+            .lock()
+            .deliveries
+            .get(id)
+            .map(|e| e.attempts.clone())
+            .unwrap_or_default())
     }
 
     async fn endpoint_deliveries(
@@ -164,7 +198,7 @@ impl DeliveryStore for MemoryStore {
             if key.0 < since {
                 break;
             }
-            let Some(state) = inner.states.get(&key.1) else {
+            let Some(state) = inner.deliveries.get(&key.1).map(|e| &e.state) else {
                 continue;
             };
             if query.status.is_some_and(|s| s != state.status) {
@@ -192,7 +226,7 @@ impl DeliveryStore for MemoryStore {
             .get(event)
             .into_iter()
             .flatten()
-            .filter_map(|id| inner.states.get(id).cloned())
+            .filter_map(|id| inner.deliveries.get(id).map(|e| e.state.clone()))
             .collect())
     }
 
