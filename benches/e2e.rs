@@ -22,7 +22,8 @@
 //! `HOOKLINE_BENCH_MAX_IN_FLIGHT` (per endpoint, config default 16),
 //! `HOOKLINE_BENCH_TIMEOUT_S` (hookline's total HTTP timeout, config default 15),
 //! `HOOKLINE_BENCH_RAW_S` (5), `HOOKLINE_BENCH_RAW_CONNECTIONS` (64), `HOOKLINE_BENCH_LATENCY_S`
-//! (10), `HOOKLINE_BENCH_ISOLATION_EVENTS` (half of the throughput events),
+//! (10), `HOOKLINE_BENCH_LATENCY_RATE` (deliveries/s of the latency run; half the sustained rate
+//! by default), `HOOKLINE_BENCH_ISOLATION_EVENTS` (half of the throughput events),
 //! `HOOKLINE_BENCH_PHASE_S` (deadline of each delivery phase, 60), `HOOKLINE_BENCH_LOG`
 //! (a tracing filter, e.g. `hookline=info`).
 
@@ -70,6 +71,7 @@ struct Settings {
     raw: Duration,
     raw_connections: usize,
     latency: Duration,
+    latency_rate: Option<f64>,
     isolation_events: u64,
     phase_deadline: Duration,
 }
@@ -101,6 +103,9 @@ impl Settings {
             raw: Duration::from_secs(env("HOOKLINE_BENCH_RAW_S", 5u64)),
             raw_connections: env("HOOKLINE_BENCH_RAW_CONNECTIONS", 64usize),
             latency: Duration::from_secs(env("HOOKLINE_BENCH_LATENCY_S", 10u64)),
+            latency_rate: std::env::var("HOOKLINE_BENCH_LATENCY_RATE")
+                .ok()
+                .map(|v| v.parse().expect("HOOKLINE_BENCH_LATENCY_RATE is a number")),
             isolation_events: env("HOOKLINE_BENCH_ISOLATION_EVENTS", events / 2),
             phase_deadline: Duration::from_secs(env("HOOKLINE_BENCH_PHASE_S", 60u64)),
         }
@@ -304,12 +309,13 @@ async fn produce(
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut seq = 0u64;
+    let mut due = 0u64;
     while seq < n {
+        // Paced: every event due by now goes out at once, then the next millisecond tick.
         if let Some(rate) = per_s {
-            tick.tick().await;
-            let due = ((started.elapsed().as_secs_f64() * rate) as u64).min(n);
-            if seq >= due {
-                continue;
+            while seq >= due {
+                tick.tick().await;
+                due = ((started.elapsed().as_secs_f64() * rate) as u64).min(n);
             }
         }
         let id = format!("{prefix}{seq}");
@@ -428,6 +434,15 @@ fn bench_config(s: &Settings, run: &str) -> Config {
     c.kafka
         .client
         .insert("linger.ms".into(), s.linger_ms.to_string());
+    // Extra librdkafka properties for every client: `k=v,k=v`.
+    if let Ok(extra) = std::env::var("HOOKLINE_BENCH_CLIENT") {
+        for kv in extra.split(',').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .unwrap_or_else(|| panic!("HOOKLINE_BENCH_CLIENT: {kv:?} is not k=v"));
+            c.kafka.client.insert(k.into(), v.into());
+        }
+    }
     // Fewer tiers than the default six: less idle fetching, and parks in this run are short.
     c.retry.tiers = [5, 30, 120].map(Duration::from_secs).to_vec();
     c.http.total_timeout = s.timeout;
@@ -701,7 +716,10 @@ async fn run(s: Settings) -> Report {
     .await;
 
     // 4. Latency at half the sustained rate.
-    let half = (throughput.steady_per_s / 2.0).max(e as f64);
+    let half = s
+        .latency_rate
+        .unwrap_or(throughput.steady_per_s / 2.0)
+        .max(e as f64);
     let events_per_s = half / e as f64;
     let n = (events_per_s * s.latency.as_secs_f64()).ceil() as u64;
     eprintln!(
