@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use hookline::config::{Config, StoreKind};
+use hookline::config::{Config, StoreKind, TopicsConfig};
 use hookline::endpoint::{CreateEndpoint, Endpoint};
 use hookline::id::Tenant;
 use hookline::kafka::{client_config, producer_config};
@@ -190,7 +190,30 @@ impl Receiver {
     }
 
     fn total(&self, endpoints: std::ops::Range<usize>) -> u64 {
-        endpoints.map(|i| self.count(i)).sum()
+        self.state.total(endpoints)
+    }
+
+    /// Watches the deliveries to `endpoints` in a task of its own (see [`watch_rate`]).
+    fn spawn_watch(
+        &self,
+        endpoints: std::ops::Range<usize>,
+        expected: u64,
+        deadline: Duration,
+    ) -> tokio::task::JoinHandle<Rate> {
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            watch_rate(expected, deadline, || state.total(endpoints.clone())).await
+        })
+    }
+}
+
+impl ReceiverState {
+    /// Requests received so far on the paths of `endpoints`.
+    fn total(&self, endpoints: std::ops::Range<usize>) -> u64 {
+        self.per_endpoint[endpoints]
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -421,13 +444,7 @@ fn bench_config(s: &Settings, run: &str) -> Config {
     };
     c.kafka.bootstrap_servers = s.kafka.clone();
     c.kafka.partitions = s.partitions;
-    let t = &mut c.kafka.topics;
-    t.deliveries = format!("bench.{run}.deliveries");
-    t.endpoints = format!("bench.{run}.endpoints");
-    t.dlq = format!("bench.{run}.dlq");
-    t.invalid = format!("bench.{run}.invalid");
-    t.events = format!("bench.{run}.events");
-    t.retry_prefix = format!("bench.{run}.retry.");
+    c.kafka.topics = TopicsConfig::prefixed(&format!("bench.{run}"));
     c.kafka.group_prefix = format!("bench-{run}");
     c.kafka.input_pattern = None;
     // dev_defaults' linger 0 suits the mock cluster; a real broker wants a little batching.
@@ -687,20 +704,7 @@ async fn run(s: Settings) -> Report {
 
     // 3. Throughput: produce everything, watch the receiver.
     let expected = s.events * e;
-    let watcher = {
-        let state = rx.state.clone();
-        let deadline = s.phase_deadline;
-        tokio::spawn(async move {
-            watch_rate(expected, deadline, || {
-                state
-                    .per_endpoint
-                    .iter()
-                    .map(|c| c.load(Ordering::Relaxed))
-                    .sum()
-            })
-            .await
-        })
-    };
+    let watcher = rx.spawn_watch(all.clone(), expected, s.phase_deadline);
     produce(&producer, &topic, 't', s.events, s.body_bytes, None).await;
     let throughput = watcher.await.expect("watcher");
     eprintln!(
@@ -727,20 +731,7 @@ async fn run(s: Settings) -> Report {
         s.latency
     );
     rx.state.recording.store(true, Ordering::Relaxed);
-    let lat_watch = {
-        let state = rx.state.clone();
-        let deadline = s.latency + Duration::from_secs(20);
-        tokio::spawn(async move {
-            watch_rate(n * e, deadline, || {
-                state
-                    .per_endpoint
-                    .iter()
-                    .map(|c| c.load(Ordering::Relaxed))
-                    .sum()
-            })
-            .await
-        })
-    };
+    let lat_watch = rx.spawn_watch(all.clone(), n * e, s.latency + Duration::from_secs(20));
     let created = produce(&producer, &topic, 'l', n, s.body_bytes, Some(events_per_s)).await;
     let lat_rate = lat_watch.await.expect("watcher");
     rx.state.recording.store(false, Ordering::Relaxed);
@@ -777,19 +768,7 @@ async fn run(s: Settings) -> Report {
         "bench: isolation run, endpoint {hanging} hangs; {} events",
         s.isolation_events
     );
-    let iso_watch = {
-        let state = rx.state.clone();
-        let deadline = s.phase_deadline;
-        tokio::spawn(async move {
-            watch_rate(iso_expected, deadline, || {
-                state.per_endpoint[..hanging]
-                    .iter()
-                    .map(|c| c.load(Ordering::Relaxed))
-                    .sum()
-            })
-            .await
-        })
-    };
+    let iso_watch = rx.spawn_watch(healthy, iso_expected, s.phase_deadline);
     produce(
         &producer,
         &topic,
@@ -800,7 +779,6 @@ async fn run(s: Settings) -> Report {
     )
     .await;
     let isolation = iso_watch.await.expect("watcher");
-    let _ = healthy;
     let hanging_tried = rx.count(hanging) - hang_before;
     let isolation_baseline = throughput.steady_per_s * hanging as f64 / e as f64;
     eprintln!(

@@ -216,16 +216,24 @@ pub struct TopicsConfig {
     pub retry_prefix: String,
 }
 
+impl TopicsConfig {
+    /// Every topic under `prefix` (`<prefix>.deliveries`, `<prefix>.retry.5s`, ...): the
+    /// defaults are this with `hookline`. Separate prefixes keep runs sharing a cluster apart.
+    pub fn prefixed(prefix: &str) -> TopicsConfig {
+        TopicsConfig {
+            deliveries: format!("{prefix}.deliveries"),
+            endpoints: format!("{prefix}.endpoints"),
+            dlq: format!("{prefix}.dlq"),
+            invalid: format!("{prefix}.invalid"),
+            events: format!("{prefix}.events"),
+            retry_prefix: format!("{prefix}.retry."),
+        }
+    }
+}
+
 impl Default for TopicsConfig {
     fn default() -> Self {
-        TopicsConfig {
-            deliveries: "hookline.deliveries".into(),
-            endpoints: "hookline.endpoints".into(),
-            dlq: "hookline.dlq".into(),
-            invalid: "hookline.invalid".into(),
-            events: "hookline.events".into(),
-            retry_prefix: "hookline.retry.".into(),
-        }
+        TopicsConfig::prefixed("hookline")
     }
 }
 

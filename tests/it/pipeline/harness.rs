@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use hookline::config::{Config, StoreKind};
+use hookline::config::{Config, StoreKind, TopicsConfig};
 use hookline::endpoint::{CreateEndpoint, Endpoint};
 use hookline::id::{EndpointId, Tenant};
 use hookline::kafka::{EmbeddedKafka, consumer_config, producer_config};
@@ -53,13 +53,7 @@ pub fn test_config(on: On) -> Config {
     c.delivery.breaker_failure_threshold = 1_000;
     if on == On::Real {
         let run = uuid::Uuid::new_v4().simple().to_string();
-        let t = &mut c.kafka.topics;
-        t.deliveries = format!("it.{run}.deliveries");
-        t.endpoints = format!("it.{run}.endpoints");
-        t.dlq = format!("it.{run}.dlq");
-        t.invalid = format!("it.{run}.invalid");
-        t.events = format!("it.{run}.events");
-        t.retry_prefix = format!("it.{run}.retry.");
+        c.kafka.topics = TopicsConfig::prefixed(&format!("it.{run}"));
         c.kafka.group_prefix = format!("it-{run}");
         c.kafka.input_pattern = None;
         c.kafka.client.insert("linger.ms".into(), "1".into());
