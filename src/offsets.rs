@@ -13,8 +13,8 @@
 //! (untracked offset, double settle, out-of-order track, commit past the frontier) is an error
 //! rather than a panic, because the caller's bug must not take down the other partitions.
 //!
-//! Memory: the tracker keeps one 16-byte slot per record from the lowest unsettled offset to the
-//! newest tracked one, settled or not. Bounding the number of in-flight records is therefore not
+//! Memory: the tracker keeps one 8-byte slot per record from the lowest unsettled offset to the
+//! newest tracked one, settled or not (the offset, with the settled flag in its top bit). Bounding the number of in-flight records is therefore not
 //! enough on its own: a slow head keeps its settled successors in the window too, so the caller
 //! bounds [`OffsetTracker::window_len`] (pausing the partition when it is reached).
 
@@ -81,15 +81,24 @@ pub enum OffsetError {
 /// settling an offset deep inside the window costs a binary search.
 #[derive(Debug, Clone, Default)]
 pub struct OffsetTracker {
-    /// Tracked offsets from the lowest unsettled one on, increasing, each with whether it has
-    /// settled. Invariant: the front, when there is one, is unsettled (settled heads are popped).
-    window: VecDeque<(i64, bool)>,
+    /// Tracked offsets from the lowest unsettled one on, increasing, each with [`SETTLED`] set
+    /// once it has settled. Invariant: the front, when there is one, is unsettled (settled heads
+    /// are popped).
+    window: VecDeque<u64>,
     /// How many entries of `window` are unsettled.
     unsettled: usize,
     /// The highest offset ever tracked.
     highest: Option<i64>,
     /// The offset last passed to `mark_committed`.
     committed: Option<i64>,
+}
+
+/// The settled flag of a window slot; the other bits are the offset (never negative).
+const SETTLED: u64 = 1 << 63;
+
+/// A window slot's offset.
+fn offset_of(slot: u64) -> i64 {
+    i64::try_from(slot & !SETTLED).expect("offsets are below 2^63")
 }
 
 impl OffsetTracker {
@@ -108,7 +117,8 @@ impl OffsetTracker {
         {
             return Err(OffsetError::NotIncreasing { offset, highest });
         }
-        self.window.push_back((offset, false));
+        self.window
+            .push_back(u64::try_from(offset).expect("checked non-negative"));
         self.unsettled += 1;
         self.highest = Some(offset);
         Ok(())
@@ -117,25 +127,26 @@ impl OffsetTracker {
     /// Marks a tracked record as settled (delivered, parked, retried or dead-lettered, with the
     /// write behind it acknowledged). Returns the new commit frontier when this settle moved it.
     pub fn settle(&mut self, offset: i64) -> Result<Option<i64>, OffsetError> {
-        let index = match self.window.front() {
+        let front = self.lowest_unsettled();
+        let index = match front {
             // The common case: the oldest record finishes first.
-            Some(&(front, _)) if front == offset => 0,
-            Some(&(front, _)) if offset > front => self
+            Some(front) if front == offset => 0,
+            Some(front) if offset > front => self
                 .window
-                .binary_search_by_key(&offset, |&(o, _)| o)
+                .binary_search_by_key(&offset, |&s| offset_of(s))
                 .map_err(|_| OffsetError::NotInFlight { offset })?,
             _ => return Err(OffsetError::NotInFlight { offset }),
         };
-        let slot = &mut self.window[index].1;
-        if *slot {
+        let slot = &mut self.window[index];
+        if *slot & SETTLED != 0 {
             return Err(OffsetError::AlreadySettled { offset });
         }
-        *slot = true;
+        *slot |= SETTLED;
         self.unsettled -= 1;
         if index != 0 {
             return Ok(None);
         }
-        while let Some(&(_, true)) = self.window.front() {
+        while self.window.front().is_some_and(|&s| s & SETTLED != 0) {
             self.window.pop_front();
         }
         Ok(self.frontier())
@@ -144,8 +155,8 @@ impl OffsetTracker {
     /// The highest offset that may be committed now: the lowest unsettled offset, or one past the
     /// highest tracked offset when everything settled. `None` before anything was tracked.
     pub fn frontier(&self) -> Option<i64> {
-        match self.window.front() {
-            Some(&(offset, _)) => Some(offset),
+        match self.lowest_unsettled() {
+            Some(offset) => Some(offset),
             None => self.highest.map(|h| h + 1),
         }
     }
@@ -191,7 +202,7 @@ impl OffsetTracker {
 
     /// The lowest offset that is tracked and not settled.
     pub fn lowest_unsettled(&self) -> Option<i64> {
-        self.window.front().map(|&(offset, _)| offset)
+        self.window.front().map(|&s| offset_of(s))
     }
 
     /// The highest offset ever tracked.
@@ -277,6 +288,23 @@ mod tests {
         t.track(30).unwrap();
         assert_eq!(t.committable(), Some(30));
         assert_eq!(t.lowest_unsettled(), Some(30));
+    }
+
+    #[test]
+    fn far_jumps_are_tracked_like_any_gap() {
+        let far = 3_000_000_000;
+        let mut t = tracking(&[7, 8, far, far + 1]);
+        assert_eq!(t.settle(8), Ok(None));
+        assert_eq!(t.settle(far + 1), Ok(None));
+        assert_eq!(
+            t.settle(far - 1),
+            Err(OffsetError::NotInFlight { offset: far - 1 })
+        );
+        assert_eq!(t.settle(7), Ok(Some(far)));
+        t.track(far + 2_200_000_000).unwrap();
+        assert_eq!(t.settle(far), Ok(Some(far + 2_200_000_000)));
+        assert_eq!(t.settle(far + 2_200_000_000), Ok(Some(far + 2_200_000_001)));
+        assert!(t.is_idle());
     }
 
     #[test]

@@ -111,20 +111,24 @@ impl StageContext {
 /// A stage's consumer.
 pub type StageConsumer = StreamConsumer<StageContext>;
 
-/// How many times `max_window` the offset span of a partition may grow while a few old records
-/// are unsettled.
-pub const SPAN_FACTOR: usize = 32;
+/// How many times `max_window` the span of a partition (records held from its lowest unsettled
+/// one on) may grow while a few old records are unsettled. A hanging attempt pins its partition's
+/// lowest offset for the whole HTTP timeout; at the default window (1000) this is 128k records,
+/// half a minute of a 4k/s partition, in 1 MiB of tracker.
+pub const SPAN_FACTOR: usize = 128;
 
 /// Per-partition settlement: offsets are tracked as records are handed to the stage, settled as
 /// their work completes in any order, and only the contiguous settled prefix is stored for
 /// commit.
 ///
 /// A partition is paused when it holds `max_window` unsettled records, or when the span from its
-/// lowest unsettled offset to its newest reaches [`SPAN_FACTOR`] times that; it resumes once both
-/// have drained to half. Bounding the unsettled count (not the span) is what keeps one slow
-/// record from stalling its partition: an attempt hanging for its whole timeout pins the commit
-/// frontier, but the records behind it keep flowing (the tracker costs a few bytes per settled
-/// offset, bounded by the span limit).
+/// lowest unsettled offset to its newest reaches [`SPAN_FACTOR`] times that; it resumes once the
+/// unsettled records have drained to half and the span has room for another window. (The span
+/// only shrinks when its oldest record settles: waiting for it to halve would hold the partition
+/// until that record's attempt ends, however fast the rest flows.) Bounding the unsettled count
+/// (not the span) is what keeps one slow record from stalling its partition: an attempt hanging
+/// for its whole timeout pins the commit frontier, but the records behind it keep flowing (the
+/// tracker costs 8 bytes per settled offset, bounded by the span limit).
 pub struct Settlements {
     stage: &'static str,
     trackers: HashMap<Tp, OffsetTracker>,
@@ -249,10 +253,11 @@ impl Settlements {
             || tracker.window_len() >= self.max_window.saturating_mul(SPAN_FACTOR)
     }
 
-    /// Whether a paused partition has drained enough to resume (half of both limits).
+    /// Whether a paused partition has drained enough to resume: half the unsettled bound, and
+    /// a window's worth of room in the span.
     fn drained(&self, tracker: &OffsetTracker) -> bool {
         tracker.in_flight() <= self.max_window / 2
-            && tracker.window_len() <= self.max_window.saturating_mul(SPAN_FACTOR) / 2
+            && tracker.window_len() <= self.max_window.saturating_mul(SPAN_FACTOR - 1)
     }
 
     /// True when `tp` is full and not paused yet: the caller should run
@@ -379,6 +384,32 @@ mod tests {
         }
         s.track(&tp(), 4 * SPAN_FACTOR as i64 - 1);
         assert!(s.needs_pause(&tp()), "the span is bounded too");
+    }
+
+    #[test]
+    fn a_partition_paused_on_its_span_resumes_once_a_window_fits_again() {
+        let mut s = Settlements::new("deliver", 4);
+        let limit = 4 * SPAN_FACTOR as i64;
+        s.track(&tp(), 0);
+        for offset in 1..limit {
+            s.track(&tp(), offset);
+            s.settle(&tp(), offset);
+        }
+        let drained = |s: &Settlements| s.drained(&s.trackers[&tp()]);
+        assert!(s.needs_pause(&tp()));
+        assert!(!drained(&s), "offset 0 still pins the span at its limit");
+        s.settle(&tp(), 0);
+        assert!(drained(&s));
+        // Unsettled records drain to half; the span needs room for one more window, not half.
+        for offset in limit..limit + 4 {
+            s.track(&tp(), offset);
+        }
+        assert!(s.needs_pause(&tp()));
+        assert!(!drained(&s));
+        s.settle(&tp(), limit + 3);
+        assert!(!drained(&s), "three of four still unsettled");
+        s.settle(&tp(), limit + 2);
+        assert!(drained(&s));
     }
 
     #[test]
