@@ -297,6 +297,10 @@ pub struct DeliveryConfig {
     /// How long an open breaker waits before admitting one probe.
     #[serde(deserialize_with = "duration")]
     pub breaker_cooldown: Duration,
+    /// An endpoint whose lane is full and has not finished one request for this long is
+    /// stalled: its queued records park in a delay tier instead of holding the partition.
+    #[serde(deserialize_with = "duration")]
+    pub stall_after: Duration,
 }
 
 impl Default for DeliveryConfig {
@@ -306,6 +310,7 @@ impl Default for DeliveryConfig {
             partition_max_in_flight: 1000,
             breaker_failure_threshold: 5,
             breaker_cooldown: Duration::from_secs(30),
+            stall_after: Duration::from_secs(1),
         }
     }
 }
@@ -828,6 +833,12 @@ impl Config {
         if d.breaker_cooldown.is_zero() {
             return Err(invalid(
                 "delivery.breaker_cooldown",
+                "= \"0s\" must be greater than zero",
+            ));
+        }
+        if d.stall_after.is_zero() {
+            return Err(invalid(
+                "delivery.stall_after",
                 "= \"0s\" must be greater than zero",
             ));
         }
@@ -1471,6 +1482,10 @@ mod tests {
             (
                 "[delivery]\nbreaker_cooldown = \"0s\"",
                 "delivery.breaker_cooldown = \"0s\" must be greater than zero",
+            ),
+            (
+                "[delivery]\nstall_after = \"0s\"",
+                "delivery.stall_after = \"0s\" must be greater than zero",
             ),
             (
                 "[http]\ntotal_timeout = \"1s\"",

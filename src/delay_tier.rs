@@ -73,6 +73,15 @@ impl Tiers {
             .unwrap_or(&self.tiers[0])
     }
 
+    /// The shortest tier at least `delay` long, or the longest: where a record goes that must
+    /// not come back before `delay`, without holding up the records behind it in its tier.
+    pub fn at_least(&self, delay: Duration) -> &Tier {
+        self.tiers
+            .iter()
+            .find(|t| t.delay >= delay)
+            .unwrap_or(&self.tiers[self.tiers.len() - 1])
+    }
+
     /// Every tier, shortest first.
     pub fn all(&self) -> &[Tier] {
         &self.tiers
@@ -252,5 +261,9 @@ mod tests {
         assert_eq!(tiers.for_delay(s(30)).name, "30s");
         assert_eq!(tiers.for_delay(s(7199)).name, "1h");
         assert_eq!(tiers.for_delay(s(86400)).name, "6h");
+        assert_eq!(tiers.at_least(s(0)).name, "5s");
+        assert_eq!(tiers.at_least(s(5)).name, "5s");
+        assert_eq!(tiers.at_least(s(15)).name, "30s");
+        assert_eq!(tiers.at_least(s(86400)).name, "6h", "longer than any tier");
     }
 }

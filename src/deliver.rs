@@ -2,9 +2,12 @@
 //! record signs, sends, classifies, logs the attempt and settles it.
 //!
 //! Records of one partition are dispatched to per-endpoint lanes and complete out of order; the
-//! partition's offset advances only over the settled prefix. A lane holds a short bounded queue;
-//! when that is full, or the endpoint's breaker is open, records are parked durably in a delay
-//! tier (without spending retry budget), so healthy endpoints never wait behind a sick one.
+//! partition's offset advances only over the settled prefix. A lane holds a bounded queue: a
+//! healthy endpoint's burst waits there (when the partition's window fills, the partition pauses:
+//! backpressure, nothing parks). Records are parked durably in a delay tier (without spending
+//! retry budget) when the endpoint's breaker is open, or when it is stalled (every request slot
+//! taken and no answer for `stall_after`: a receiver that hangs), so the endpoints sharing its
+//! partition never wait behind it for the HTTP timeout.
 //!
 //! Settled means: the attempt row is durable in the store AND the follow-up record (a retry in a
 //! delay tier, or the DLQ record) is acknowledged by the broker; or a parked copy is
@@ -69,6 +72,11 @@ pub struct DeliverDeps {
     pub max_window: usize,
     /// Records queued per endpoint before new ones are parked.
     pub lane_queue: usize,
+    /// A full lane with no request finished for this long is stalled: its queue parks.
+    pub stall_after: Duration,
+    /// How long a stalled endpoint's records stay parked at least: until its hanging requests
+    /// have answered or timed out (the HTTP total timeout).
+    pub stalled_wait: Duration,
     /// How long in-flight attempts may take to finish after shutdown starts.
     pub drain_deadline: Duration,
 }
@@ -575,6 +583,10 @@ impl Stage {
             self.park(tp, offset, record, due, ParkReason::LaneFull);
             return;
         }
+        if let Some(due) = self.park_if_stalled(&endpoint.id) {
+            self.park(tp, offset, record, due, ParkReason::Stalled);
+            return;
+        }
         let queue = self.queues.entry(endpoint.id.clone()).or_default();
         if queue.len() >= self.deps.lane_queue {
             let due = SystemTime::now() + self.deps.tiers.shortest().delay;
@@ -637,6 +649,26 @@ impl Stage {
         if self.queues.get(id).is_some_and(VecDeque::is_empty) {
             self.queues.remove(id);
         }
+    }
+
+    /// When `id` is stalled (its lane full and silent for `stall_after`), parks its whole queue
+    /// and returns when its records are due again: they should not wait here either. Its queue
+    /// would otherwise grow to the partition's window and pause the endpoints sharing the
+    /// partition until the hanging requests time out. They come back no sooner than those
+    /// requests end (by then the breaker knows), in the tier that fits: a shorter wait would
+    /// only cycle them through a tier again and again.
+    fn park_if_stalled(&mut self, id: &EndpointId) -> Option<SystemTime> {
+        if !self
+            .lanes
+            .stalled(id, tokio::time::Instant::now(), self.deps.stall_after)
+        {
+            return None;
+        }
+        let due = SystemTime::now() + self.deps.tiers.at_least(self.deps.stalled_wait).delay;
+        for q in self.queues.remove(id).unwrap_or_default() {
+            self.park(q.tp, q.offset, q.record, due, ParkReason::Stalled);
+        }
+        Some(due)
     }
 
     /// The send plan for `endpoint`, built when it changed or was never used here.
@@ -794,10 +826,12 @@ impl Stage {
 
     fn on_tick(&mut self, consumer: &StageConsumer) {
         self.sync(consumer);
-        // Rate-limited lanes get another chance each tick.
+        // Rate-limited lanes get another chance each tick; stalled ones give their queue up.
         let waiting: Vec<EndpointId> = self.queues.keys().cloned().collect();
         for id in waiting {
-            self.dispatch(&id);
+            if self.park_if_stalled(&id).is_none() {
+                self.dispatch(&id);
+            }
         }
         self.lanes.evict_idle(tokio::time::Instant::now());
         self.settlements.store(consumer);

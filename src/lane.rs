@@ -424,6 +424,8 @@ struct Entry {
     breaker: Breaker,
     generation: u64,
     last_used: Instant,
+    /// When the lane last made progress: a request finished, or one started on an idle lane.
+    progress_at: Instant,
 }
 
 /// The lanes and breakers of one partition's endpoints.
@@ -466,6 +468,7 @@ impl Lanes {
                     breaker: Breaker::new(self.config.breaker),
                     generation: self.next_generation,
                     last_used: now,
+                    progress_at: now,
                 },
             );
         }
@@ -482,6 +485,9 @@ impl Lanes {
         if let Err(full) = entry.lane.check(now) {
             entry.breaker.abandon(admission);
             return Err(full.into());
+        }
+        if entry.lane.in_flight() == 0 {
+            entry.progress_at = now;
         }
         Ok(Permit {
             endpoint: endpoint.clone(),
@@ -505,6 +511,7 @@ impl Lanes {
             return None;
         }
         entry.last_used = now;
+        entry.progress_at = now;
         entry.lane.release(permit.lane, outcome);
         match outcome {
             Some(outcome) => entry.breaker.record(permit.admission, outcome, now),
@@ -553,6 +560,18 @@ impl Lanes {
             Some(id) => self.entries.remove(&id).is_some(),
             None => false,
         }
+    }
+
+    /// Whether `endpoint` is stalled: every slot its lane admits is taken and not one request has
+    /// finished for `after` (counted from the last finish, or from the first start on an idle
+    /// lane). A receiver that hangs looks like this long before its requests time out; a slow
+    /// but working one keeps finishing requests and does not.
+    pub fn stalled(&self, endpoint: &EndpointId, now: Instant, after: Duration) -> bool {
+        self.entries.get(endpoint).is_some_and(|e| {
+            e.lane.in_flight() > 0
+                && e.lane.in_flight() >= e.lane.limit()
+                && now.saturating_duration_since(e.progress_at) >= after
+        })
     }
 
     /// An endpoint's lane, if it has one (metrics, admin API, tests).
@@ -957,6 +976,59 @@ mod tests {
         assert_eq!(lanes.lane(&e).unwrap().limit(), 5);
         lanes.update_config(&ep("ep_unknown"), cfg(5, None));
         assert_eq!(lanes.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_lane_without_a_finish_for_the_threshold_is_stalled() {
+        let mut lanes = Lanes::new(LanesConfig::default());
+        let e = ep("ep_1");
+        let after = MS(1000);
+        assert!(
+            !lanes.stalled(&e, Instant::now(), after),
+            "no lane, no stall"
+        );
+        advance(MS(5000)).await;
+        let mut held = vec![];
+        while let Ok(p) = lanes.try_acquire(&e, cfg(3, None), Instant::now()) {
+            held.push(p);
+        }
+        assert_eq!(held.len(), 3);
+        advance(MS(999)).await;
+        assert!(
+            !lanes.stalled(&e, Instant::now(), after),
+            "the clock starts when the idle lane got busy, not at its creation"
+        );
+        advance(MS(1)).await;
+        assert!(lanes.stalled(&e, Instant::now(), after));
+        // One finish is progress: the clock starts again, and the lane has a free slot.
+        lanes.release(held.pop().unwrap(), Some(Outcome::Healthy), Instant::now());
+        assert!(!lanes.stalled(&e, Instant::now(), after));
+        held.push(lanes.try_acquire(&e, cfg(3, None), Instant::now()).unwrap());
+        advance(MS(400)).await;
+        assert!(!lanes.stalled(&e, Instant::now(), after));
+        advance(MS(600)).await;
+        assert!(lanes.stalled(&e, Instant::now(), after));
+        for p in held {
+            lanes.release(p, None, Instant::now());
+        }
+        advance(MS(5000)).await;
+        assert!(
+            !lanes.stalled(&e, Instant::now(), after),
+            "nothing in flight"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_with_free_slots_is_never_stalled() {
+        let mut lanes = Lanes::new(LanesConfig::default());
+        let e = ep("ep_1");
+        let one = lanes.try_acquire(&e, cfg(2, None), Instant::now()).unwrap();
+        advance(MS(60_000)).await;
+        assert!(
+            !lanes.stalled(&e, Instant::now(), MS(1000)),
+            "a slow request beside a free slot is not a stall"
+        );
+        lanes.release(one, Some(Outcome::Healthy), Instant::now());
     }
 
     #[test]

@@ -267,11 +267,11 @@ pub async fn start(
             lanes,
             default_max_in_flight: config.delivery.max_in_flight,
             max_window: config.delivery.partition_max_in_flight as usize,
-            // Records wait in their lane up to the partition's window; beyond that they park.
-            // A quarter of the window was tried: the hanging endpoint's records then cycled
-            // through the shortest tier every few seconds and the healthy endpoints' rate fell
-            // from 97.6% to 51% of baseline in `cargo bench --bench e2e`.
+            // A healthy endpoint's burst may wait in its lane up to the partition's window (the
+            // partition pauses, nothing parks); a stalled endpoint's records park instead.
             lane_queue: config.delivery.partition_max_in_flight as usize,
+            stall_after: config.delivery.stall_after,
+            stalled_wait: config.http.total_timeout,
             drain_deadline: config.http.total_timeout + Duration::from_secs(5),
         });
         tasks.spawn(deliver::run(

@@ -29,7 +29,7 @@ pub mod name {
     pub const BREAKER_OPENS: &str = "hookline_breaker_opens_total";
     /// Breakers open right now.
     pub const BREAKERS_OPEN: &str = "hookline_breakers_open";
-    /// Records parked in a delay tier, by `reason` (`lane_full`, `breaker_open`).
+    /// Records parked in a delay tier, by `reason` (`lane_full`, `breaker_open`, `stalled`).
     pub const PARKED: &str = "hookline_parked_total";
     /// HTTP attempts in flight.
     pub const IN_FLIGHT: &str = "hookline_in_flight_requests";
@@ -170,6 +170,8 @@ pub enum ParkReason {
     LaneFull,
     /// The endpoint's breaker is open.
     BreakerOpen,
+    /// The endpoint stopped answering (see [`crate::lane::Lanes::stalled`]).
+    Stalled,
 }
 
 impl ParkReason {
@@ -178,6 +180,7 @@ impl ParkReason {
         match self {
             ParkReason::LaneFull => "lane_full",
             ParkReason::BreakerOpen => "breaker_open",
+            ParkReason::Stalled => "stalled",
         }
     }
 }

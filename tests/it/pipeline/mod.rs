@@ -6,6 +6,7 @@ pub(crate) mod harness;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use hookline::config::Config;
 use hookline::record::header;
 use hookline::retry_policy::DeadReason;
 use rdkafka::Message;
@@ -248,30 +249,54 @@ async fn gone_disables_the_endpoint(on: On) {
 /// An endpoint that hangs does not hold up a healthy one: every healthy delivery completes
 /// while the hanging endpoint's first attempts are still waiting for their timeout.
 async fn a_hanging_endpoint_does_not_slow_the_others(on: On) {
+    let (p, slow) = hanging_beside_healthy(test_config(on), on, 50).await;
+    assert!(
+        !slow.requests().is_empty(),
+        "the hanging endpoint was tried too"
+    );
+    p.stop().await;
+}
+
+/// An endpoint that hangs does not hold up the endpoints sharing its partition: once its lane is
+/// full and silent for `stall_after`, its records park instead of filling the partition's window,
+/// and the span pinned by its hanging attempts does not pause the partition either. One partition
+/// and a window of 20 make any of that show within 300 events.
+async fn a_hanging_endpoint_does_not_hold_up_its_partition(on: On) {
     let mut config = test_config(on);
+    config.kafka.partitions = 1;
+    config.delivery.max_in_flight = 2;
+    config.delivery.partition_max_in_flight = 20;
+    config.delivery.stall_after = Duration::from_millis(300);
+    let (p, slow) = hanging_beside_healthy(config, on, 300).await;
+    assert_eq!(
+        slow.requests().len(),
+        2,
+        "the hanging endpoint got its two slots' worth and nothing more"
+    );
+    p.stop().await;
+}
+
+/// Runs `n` events to a hanging endpoint and a healthy one (HTTP timeout 45 s) and checks that
+/// every healthy delivery arrived while no attempt to the hanging endpoint had finished yet.
+/// Returns the pipeline and the hanging receiver.
+async fn hanging_beside_healthy(mut config: Config, on: On, n: usize) -> (Pipeline, Receiver) {
     config.http.total_timeout = Duration::from_secs(45);
     let p = Pipeline::start(on, config).await;
     let slow = Receiver::fixed(Reply::status(200).delay(Duration::from_secs(3600))).await;
     let fast = Receiver::fixed(Reply::status(200)).await;
     let (slow_id, _) = p.endpoint("acme", &slow.url("/"), &["*"]).await;
     p.endpoint("acme", &fast.url("/"), &["*"]).await;
-    let events: Vec<(String, serde_json::Value)> =
-        (0..50).map(|i| (format!("h{i}"), json!(i))).collect();
+    let events: Vec<String> = (0..n).map(|i| format!("h{i}")).collect();
     let posts: Vec<_> = events
         .iter()
-        .map(|(id, v)| (id.as_str(), "acme", "t", v.clone()))
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), "acme", "t", json!(i)))
         .collect();
     p.post(&posts).await;
-    fast.wait_for(50, WAIT).await;
-    assert!(
-        !slow.requests().is_empty(),
-        "the hanging endpoint was tried too"
-    );
-    for (id, _) in &events {
-        let delivery = hookline::id::DeliveryId::derive(
-            &hookline::id::EventId::parse(id.as_str()).unwrap(),
-            &slow_id,
-        );
+    fast.wait_for(n, WAIT).await;
+    for id in &events {
+        let delivery =
+            hookline::id::DeliveryId::derive(&hookline::id::EventId::parse(id).unwrap(), &slow_id);
         assert!(
             p.handles
                 .store
@@ -282,7 +307,7 @@ async fn a_hanging_endpoint_does_not_slow_the_others(on: On) {
             "an attempt to the hanging endpoint finished before the healthy deliveries did"
         );
     }
-    p.stop().await;
+    (p, slow)
 }
 
 /// A record that is neither a Debezium outbox record nor a native event lands in the invalid
@@ -473,6 +498,7 @@ on_both!(
     a_failing_endpoint_is_dead_lettered_completely,
     gone_disables_the_endpoint,
     a_hanging_endpoint_does_not_slow_the_others,
+    a_hanging_endpoint_does_not_hold_up_its_partition,
     malformed_input_goes_to_the_invalid_topic,
     a_restart_mid_stream_loses_nothing,
     a_dlq_range_replays_with_the_replay_header,
