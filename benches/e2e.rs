@@ -11,8 +11,10 @@
 //!    tail);
 //! 4. latency: events paced at half the sustained rate; event-to-delivery latency is the
 //!    receiver's arrival time minus the time the bench handed the event to its producer;
-//! 5. isolation: the last endpoint (one in ten by default) never answers; the healthy endpoints'
-//!    rate is compared with their share of the throughput run.
+//! 5. isolation: one endpoint (one in ten by default) never answers; the healthy endpoints' rate
+//!    is compared with their share of the throughput run. The hanging endpoint is one that
+//!    shares its deliveries partition with healthy endpoints (read back from the warm-up's
+//!    delivery records), and those partition mates' rate is reported on its own: the worst case.
 //!
 //! Run with `cargo bench --bench e2e`; needs the Kafka of `tests/services up` (127.0.0.1:9092).
 //! Knobs (environment): `HOOKLINE_BENCH_EVENTS` (throughput events, default 20000),
@@ -189,30 +191,30 @@ impl Receiver {
         self.state.per_endpoint[endpoint].load(Ordering::Relaxed)
     }
 
-    fn total(&self, endpoints: std::ops::Range<usize>) -> u64 {
+    fn total(&self, endpoints: &[usize]) -> u64 {
         self.state.total(endpoints)
     }
 
     /// Watches the deliveries to `endpoints` in a task of its own (see [`watch_rate`]).
     fn spawn_watch(
         &self,
-        endpoints: std::ops::Range<usize>,
+        endpoints: Vec<usize>,
         expected: u64,
         deadline: Duration,
     ) -> tokio::task::JoinHandle<Rate> {
         let state = self.state.clone();
-        tokio::spawn(async move {
-            watch_rate(expected, deadline, || state.total(endpoints.clone())).await
-        })
+        tokio::spawn(
+            async move { watch_rate(expected, deadline, || state.total(&endpoints)).await },
+        )
     }
 }
 
 impl ReceiverState {
     /// Requests received so far on the paths of `endpoints`.
-    fn total(&self, endpoints: std::ops::Range<usize>) -> u64 {
-        self.per_endpoint[endpoints]
+    fn total(&self, endpoints: &[usize]) -> u64 {
+        endpoints
             .iter()
-            .map(|c| c.load(Ordering::Relaxed))
+            .map(|&i| self.per_endpoint[i].load(Ordering::Relaxed))
             .sum()
     }
 }
@@ -499,6 +501,57 @@ async fn wait_for_leaders(config: &Config) {
     }
 }
 
+/// The deliveries partition of each endpoint in `ids`, read back from the warm-up's delivery
+/// records (keyed by endpoint id), so it is whatever hookline's producer chose.
+fn endpoint_partitions(config: &Config, ids: &[String]) -> Vec<i32> {
+    use rdkafka::Message;
+    use rdkafka::consumer::BaseConsumer;
+    let consumer: BaseConsumer =
+        client_config(&config.kafka.bootstrap_servers, &config.kafka.client)
+            .set("group.id", "bench-partitions")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("partition reader");
+    let topic = &config.kafka.topics.deliveries;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..config.kafka.partitions {
+        tpl.add_partition_offset(topic, p as i32, rdkafka::Offset::Beginning)
+            .expect("partition offset");
+    }
+    consumer.assign(&tpl).expect("assign the deliveries topic");
+    let mut found: Vec<Option<i32>> = vec![None; ids.len()];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while found.iter().any(Option::is_none) && Instant::now() < deadline {
+        let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let key = m.key().map(String::from_utf8_lossy).unwrap_or_default();
+        if let Some(i) = ids.iter().position(|id| *id == key) {
+            found[i] = Some(m.partition());
+        }
+    }
+    found
+        .into_iter()
+        .map(|p| p.expect("every endpoint's warm-up delivery record is in the deliveries topic"))
+        .collect()
+}
+
+/// The endpoint to hang: one that shares its partition with as many healthy endpoints as
+/// possible, so the isolation run measures the worst case rather than a lucky draw. Returns it
+/// and its partition mates.
+fn pick_hanging(partitions: &[i32]) -> (usize, Vec<usize>) {
+    let mates = |i: usize| -> Vec<usize> {
+        (0..partitions.len())
+            .filter(|&j| j != i && partitions[j] == partitions[i])
+            .collect()
+    };
+    let hanging = (0..partitions.len())
+        .rev()
+        .max_by_key(|&i| mates(i).len())
+        .expect("at least one endpoint");
+    (hanging, mates(hanging))
+}
+
 async fn delete_topics(config: &Config) {
     let admin: Result<AdminClient<DefaultClientContext>, _> =
         client_config(&config.kafka.bootstrap_servers, &config.kafka.client).create();
@@ -523,6 +576,10 @@ struct Report {
     latency: Option<(u64, u64, u64, usize)>,
     isolation: Rate,
     isolation_baseline: f64,
+    /// Healthy endpoints in the hanging endpoint's partition, and their rate.
+    mates: usize,
+    mates_rate: Rate,
+    mates_baseline: f64,
     hanging_tried: u64,
 }
 
@@ -603,6 +660,22 @@ impl Report {
             format!("{} / {}", self.isolation.delivered, self.isolation.expected),
             "",
         );
+        if self.mates > 0 {
+            row(
+                &format!("  {} sharing its partition: % of baseline", self.mates),
+                format!(
+                    "{:.1}%",
+                    self.mates_rate.steady_per_s / self.mates_baseline * 100.0
+                ),
+                "",
+            );
+        } else {
+            row(
+                "  sharing its partition",
+                "none (no pair in one partition)".into(),
+                "",
+            );
+        }
         row(
             "  requests the hanging endpoint received",
             self.hanging_tried.to_string(),
@@ -664,6 +737,7 @@ async fn run(s: Settings) -> Report {
             panic!("hookline did not start (store={}): {e}", s.store);
         }
     };
+    let mut ids = Vec::with_capacity(s.endpoints);
     for i in 0..s.endpoints {
         let endpoint = Endpoint::create(
             CreateEndpoint {
@@ -682,6 +756,7 @@ async fn run(s: Settings) -> Report {
             .put(&endpoint)
             .await
             .expect("endpoint written");
+        ids.push(endpoint.id.as_str().to_owned());
     }
     let producer: FutureProducer =
         producer_config(&config.kafka.bootstrap_servers, &config.kafka.client)
@@ -689,14 +764,15 @@ async fn run(s: Settings) -> Report {
             .expect("producer");
     let topic = config.kafka.topics.events.clone();
     let e = s.endpoints as u64;
-    let all = 0..s.endpoints;
+    let all: Vec<usize> = (0..s.endpoints).collect();
     let warm = produce(&producer, &topic, 'w', 1, s.body_bytes, None).await;
     drop(warm);
-    let warm_rate = watch_rate(e, Duration::from_secs(60), || rx.total(all.clone())).await;
+    let warm_rate = watch_rate(e, Duration::from_secs(60), || rx.total(&all)).await;
     assert_eq!(
         warm_rate.delivered, e,
         "the warm-up event reached every endpoint"
     );
+    let partitions = endpoint_partitions(&config, &ids);
     eprintln!(
         "bench: pipeline warm; throughput run with {} events",
         s.events
@@ -715,7 +791,7 @@ async fn run(s: Settings) -> Report {
     let _ = watch_rate(
         expected - throughput.delivered,
         Duration::from_secs(10),
-        || rx.total(all.clone()),
+        || rx.total(&all),
     )
     .await;
 
@@ -758,17 +834,23 @@ async fn run(s: Settings) -> Report {
         lat_rate.delivered, lat_rate.expected
     );
 
-    // 5. Isolation: the last endpoint hangs.
-    let hanging = s.endpoints - 1;
-    let healthy = 0..hanging;
+    // 5. Isolation: one endpoint hangs, chosen to share its partition with healthy ones.
+    let (hanging, mates) = pick_hanging(&partitions);
+    let healthy: Vec<usize> = all.iter().copied().filter(|&i| i != hanging).collect();
     rx.state.hang[hanging].store(true, Ordering::Relaxed);
     let hang_before = rx.count(hanging);
-    let iso_expected = s.isolation_events * hanging as u64;
+    let iso_expected = s.isolation_events * healthy.len() as u64;
     eprintln!(
-        "bench: isolation run, endpoint {hanging} hangs; {} events",
-        s.isolation_events
+        "bench: isolation run, endpoint {hanging} hangs (partition {}, shared with endpoints \
+         {mates:?}); {} events",
+        partitions[hanging], s.isolation_events
     );
-    let iso_watch = rx.spawn_watch(healthy, iso_expected, s.phase_deadline);
+    let iso_watch = rx.spawn_watch(healthy.clone(), iso_expected, s.phase_deadline);
+    let mates_watch = rx.spawn_watch(
+        mates.clone(),
+        s.isolation_events * mates.len() as u64,
+        s.phase_deadline,
+    );
     produce(
         &producer,
         &topic,
@@ -779,8 +861,10 @@ async fn run(s: Settings) -> Report {
     )
     .await;
     let isolation = iso_watch.await.expect("watcher");
+    let mates_rate = mates_watch.await.expect("watcher");
     let hanging_tried = rx.count(hanging) - hang_before;
-    let isolation_baseline = throughput.steady_per_s * hanging as f64 / e as f64;
+    let isolation_baseline = throughput.steady_per_s * healthy.len() as f64 / e as f64;
+    let mates_baseline = throughput.steady_per_s * mates.len() as f64 / e as f64;
     eprintln!(
         "bench: healthy {:.0}/s with one hanging ({} / {})",
         isolation.steady_per_s, isolation.delivered, isolation.expected
@@ -809,6 +893,9 @@ async fn run(s: Settings) -> Report {
         latency,
         isolation,
         isolation_baseline,
+        mates: mates.len(),
+        mates_rate,
+        mates_baseline,
         hanging_tried,
     }
 }
