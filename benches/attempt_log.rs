@@ -4,7 +4,7 @@
 //!
 //! `cargo bench --bench attempt_log`; `HOOKLINE_BENCH_SECS` (default 10) sets each run's length,
 //! `HOOKLINE_BENCH_MAX_WRITES` the store's `max_concurrent_writes` (default: the config default).
-//! One `record_attempt` is 4-6 CQL writes; figures are per attempt.
+//! One `record_attempt` is 3-5 CQL writes; figures are per attempt.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
