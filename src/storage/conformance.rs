@@ -39,6 +39,7 @@ fn unique(prefix: &str) -> String {
 pub async fn run<S: DeliveryStore + ?Sized>(store: &S) {
     attempts_round_trip(store).await;
     state_follows_attempts(store).await;
+    late_attempts_keep_the_newest_state(store).await;
     history_pages_newest_first_and_stable_under_inserts(store).await;
     history_filters(store).await;
     event_fan_out_listing(store).await;
@@ -135,6 +136,53 @@ async fn state_follows_attempts<S: DeliveryStore + ?Sized>(store: &S) {
     assert_eq!(s.last_attempt_at, t0 + Duration::from_secs(6));
     assert_eq!(s.next_attempt_at, None);
     assert_eq!(s.last_error_class, None);
+}
+
+/// After a crash an older attempt may be logged after a newer one: it counts, and moves the
+/// first attempt back, but the newest attempt keeps setting the status; the history lists the
+/// delivery at its first attempt.
+async fn late_attempts_keep_the_newest_state<S: DeliveryStore + ?Sized>(store: &S) {
+    let event = unique("evt");
+    let endpoint = unique("ep");
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let mut newer = attempt_row(&event, &endpoint, 2);
+    newer.started_at = t0 + Duration::from_secs(6);
+    store.record_attempt(&newer).await.unwrap();
+    let mut older = attempt_row(&event, &endpoint, 1);
+    older.started_at = t0;
+    older.status = Some(503);
+    older.error_class = Some(ErrorClass::HttpStatus);
+    older.outcome = AttemptOutcome::RetryScheduled {
+        next_attempt_at: t0 + Duration::from_secs(5),
+    };
+    store.record_attempt(&older).await.unwrap();
+    let s = store
+        .delivery(&newer.delivery_id)
+        .await
+        .unwrap()
+        .expect("state after both attempts");
+    assert_eq!(
+        s.status,
+        DeliveryStatus::Succeeded,
+        "the newest attempt wins"
+    );
+    assert_eq!(s.attempts, 2);
+    assert_eq!(s.first_attempt_at, t0);
+    assert_eq!(s.last_attempt_at, t0 + Duration::from_secs(6));
+    assert_eq!(s.last_status, Some(200));
+    assert_eq!(s.next_attempt_at, None);
+    let page = store
+        .endpoint_deliveries(
+            &EndpointId::parse(&endpoint).unwrap(),
+            &HistoryQuery {
+                limit: 10,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let listed: Vec<_> = page.items.iter().map(|s| s.first_attempt_at).collect();
+    assert_eq!(listed, [t0], "listed once, at its first attempt");
 }
 
 async fn history_pages_newest_first_and_stable_under_inserts<S: DeliveryStore + ?Sized>(store: &S) {

@@ -216,20 +216,21 @@ async fn attempt_rows_carry_the_configured_ttl() {
         );
         store.record_attempt(&row).await.unwrap();
         let ks = &c.config.keyspace;
-        let id = row.delivery_id.as_str();
-        for (what, cql) in [
+        for (what, cql, key) in [
             (
                 "attempt row",
                 format!("SELECT TTL(outcome) FROM {ks}.attempts_by_delivery WHERE delivery_id = ?"),
+                row.delivery_id.as_str(),
             ),
             (
-                "delivery state",
-                format!("SELECT TTL(status) FROM {ks}.delivery_state WHERE delivery_id = ?"),
+                "event index",
+                format!("SELECT TTL(endpoint_id) FROM {ks}.deliveries_by_event WHERE event_id = ?"),
+                row.event_id.as_str(),
             ),
         ] {
             let (ttl,): (Option<i32>,) = c
                 .session
-                .query_unpaged(cql, (id,))
+                .query_unpaged(cql, (key,))
                 .await
                 .unwrap()
                 .into_rows_result()

@@ -5,19 +5,22 @@
 //! bounded by a semaphore of `max_concurrent_writes` requests in flight, each under the
 //! `write_timeout` of the session's execution profile.
 //!
-//! One attempt = 4 to 6 writes issued concurrently (attempt row, delivery state, history entry,
-//! event index, the endpoint's day index when not written recently, the dead letter when the
-//! attempt dead-lettered); `record_attempt` returns `Ok` only when all succeeded. Every write is
-//! idempotent, so the pipeline can simply retry a failed `record_attempt`: no read happens
-//! before a write, and
-//! - delivery state columns are written `USING TIMESTAMP` = the attempt's start (µs), so the
-//!   latest-started attempt sets the status whatever order attempts are logged in;
-//! - the attempt count and first attempt come from a set of (started_at, attempt) keys: a
-//!   duplicate of the same attempt adds nothing (a counter would count it twice).
+//! One attempt = 3 to 5 writes issued concurrently (attempt row, history entry, event index, the
+//! endpoint's day index when not written recently, the dead letter when the attempt
+//! dead-lettered); `record_attempt` returns `Ok` only when all succeeded. Every write is a
+//! blind, idempotent insert, so the pipeline can simply retry a failed `record_attempt`.
+//!
+//! A delivery's state is not written at all: it is derived, on read, from the delivery's
+//! attempt rows (one partition, oldest first). Their count is the attempt count, the first row
+//! the first attempt, and the last row, the latest-started attempt, sets the status. So a
+//! duplicate of an attempt (same start and number) is stored once and an older attempt logged
+//! late cannot overwrite a newer status, whatever order attempts are logged in; and the state
+//! follows what the attempt log still holds as rows expire. The `delivery_state` table of
+//! schema version 1 is no longer written or read.
 //!
 //! Differences from the embedded store, by design: times are kept at millisecond precision (CQL
 //! `timestamp`); logging the exact same attempt twice stores it once; two attempts started in
-//! the same microsecond resolve by CQL's value tie-break rather than by logging order.
+//! the same millisecond are ordered by attempt number rather than by logging order.
 //!
 //! History pages walk an endpoint's day buckets newest first (`endpoint_days` lists the
 //! non-empty ones). Each history entry is checked against the delivery's state (one point read
@@ -60,7 +63,7 @@ pub use config::{
     ConfigError, MAX_CQL_TTL, MAX_NODES, MAX_STARTUP_WAIT, Replication, ScyllaConfig,
     valid_keyspace,
 };
-use row::{HistoryKey, day_of, from_cql, status_after, to_cql, write_timestamp};
+use row::{HistoryKey, day_of, from_cql, to_cql};
 
 use super::{
     AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, DeliveryStore, HistoryQuery,
@@ -182,7 +185,6 @@ pub async fn connect_session(config: &ScyllaConfig) -> Result<Session, ScyllaErr
 /// irrelevant.
 struct Statements {
     insert_attempt: PreparedStatement,
-    update_state: PreparedStatement,
     insert_history: PreparedStatement,
     insert_day: PreparedStatement,
     insert_by_event: PreparedStatement,
@@ -220,15 +222,6 @@ impl Statements {
                  :endpoint_id, :tenant, :event_type, :status, :latency_ms, :error_class, \
                  :response_body, :signing_key_ids, :replay_id, :outcome, :next_attempt_at, \
                  :dead_reason) USING TTL :ttl"
-            ))
-            .await?,
-            update_state: p(format!(
-                "UPDATE {ks}.delivery_state USING TTL :ttl AND TIMESTAMP :ts SET \
-                 event_id = :event_id, endpoint_id = :endpoint_id, tenant = :tenant, \
-                 event_type = :event_type, status = :status, \
-                 last_attempt_at = :last_attempt_at, next_attempt_at = :next_attempt_at, \
-                 last_status = :last_status, last_error_class = :last_error_class, \
-                 attempt_keys = attempt_keys + :attempt_keys WHERE delivery_id = :delivery_id"
             ))
             .await?,
             insert_history: p(format!(
@@ -272,9 +265,9 @@ impl Statements {
             ))
             .await?,
             select_state: p(format!(
-                "SELECT delivery_id, event_id, endpoint_id, tenant, event_type, status, \
-                 last_attempt_at, next_attempt_at, last_status, last_error_class, attempt_keys \
-                 FROM {ks}.delivery_state WHERE delivery_id = ?"
+                "SELECT delivery_id, started_at, attempt, event_id, endpoint_id, tenant, \
+                 event_type, status, error_class, outcome, next_attempt_at, dead_reason \
+                 FROM {ks}.attempts_by_delivery WHERE delivery_id = ?"
             ))
             .await?,
             select_days: p(format!(
@@ -374,23 +367,6 @@ struct AttemptValues<'a> {
 }
 
 #[derive(SerializeRow)]
-struct StateValues<'a> {
-    ttl: i32,
-    ts: i64,
-    event_id: &'a str,
-    endpoint_id: &'a str,
-    tenant: &'a str,
-    event_type: &'a str,
-    status: &'static str,
-    last_attempt_at: CqlTimestamp,
-    next_attempt_at: Option<CqlTimestamp>,
-    last_status: Option<i32>,
-    last_error_class: Option<&'static str>,
-    attempt_keys: Vec<(CqlTimestamp, i32)>,
-    delivery_id: &'a str,
-}
-
-#[derive(SerializeRow)]
 struct DeadValues<'a> {
     endpoint_id: &'a str,
     day: i32,
@@ -450,19 +426,21 @@ struct AttemptCols {
     dead_reason: Option<String>,
 }
 
+/// The columns of an attempt row that delivery state is derived from (no body).
 #[derive(DeserializeRow)]
 struct StateCols {
     delivery_id: String,
+    started_at: CqlTimestamp,
+    attempt: i32,
     event_id: Option<String>,
     endpoint_id: Option<String>,
     tenant: Option<String>,
     event_type: Option<String>,
-    status: Option<String>,
-    last_attempt_at: Option<CqlTimestamp>,
+    status: Option<i32>,
+    error_class: Option<String>,
+    outcome: Option<String>,
     next_attempt_at: Option<CqlTimestamp>,
-    last_status: Option<i32>,
-    last_error_class: Option<String>,
-    attempt_keys: Option<Vec<(CqlTimestamp, i32)>>,
+    dead_reason: Option<String>,
 }
 
 #[derive(DeserializeRow)]
@@ -731,23 +709,35 @@ impl ScyllaStore {
         cache.insert((endpoint.clone(), day), at);
     }
 
+    /// A delivery's state, derived from its attempt rows: the count of rows is the attempt
+    /// count, the first row (clustering order) the first attempt, the last row the
+    /// latest-started attempt, which sets the status. `None` when no row is left (never logged,
+    /// or every row expired).
     async fn read_state(&self, id: &str) -> Result<Option<DeliveryState>, StoreError> {
         let _permit = self.permit(1).await?;
-        let result = self
+        let mut rows = self
             .session
-            .execute_unpaged(&self.st.select_state, (id,))
+            .execute_iter(self.st.select_state.clone(), (id,))
             .await
-            .map_err(exec_error)?;
-        let rows = result
-            .into_rows_result()
+            .map_err(pager_error)?
+            .rows_stream::<StateCols>()
             .map_err(|e| StoreError::Backend(e.to_string()))?;
-        let Some(cols) = rows
-            .maybe_first_row::<StateCols>()
-            .map_err(|e| StoreError::Backend(e.to_string()))?
-        else {
-            return Ok(None);
-        };
-        state_from_cols(cols)
+        let mut first = None;
+        let mut latest = None;
+        let mut count = 0u32;
+        while let Some(cols) = rows.next().await {
+            let cols = cols.map_err(row_error)?;
+            count = count.saturating_add(1);
+            first.get_or_insert(cols.started_at);
+            latest = Some(cols);
+            if count as usize == MAX_ATTEMPTS_READ {
+                break;
+            }
+        }
+        match (first, latest) {
+            (Some(first), Some(latest)) => state_from_cols(first, count, latest).map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// An endpoint's non-empty day buckets in `min..=max`, newest first.
@@ -812,34 +802,35 @@ impl ScyllaStore {
     }
 }
 
-fn state_from_cols(c: StateCols) -> Result<Option<DeliveryState>, StoreError> {
-    let keys = c.attempt_keys.unwrap_or_default();
-    // Every attempt's key has expired: the delivery is past retention.
-    let Some(first) = keys.iter().map(|k| k.0.0).min() else {
-        return Ok(None);
-    };
-    let bad = || corrupt("delivery state", &c.delivery_id);
-    let parse_class = |s: Option<String>| -> Result<Option<ErrorClass>, StoreError> {
-        s.map(|s| ErrorClass::parse(&s).ok_or_else(bad)).transpose()
-    };
-    Ok(Some(DeliveryState {
-        delivery_id: DeliveryId::parse(c.delivery_id.as_str()).map_err(|_| bad())?,
-        event_id: EventId::parse(c.event_id.ok_or_else(bad)?).map_err(|_| bad())?,
-        endpoint_id: EndpointId::parse(c.endpoint_id.ok_or_else(bad)?).map_err(|_| bad())?,
-        tenant: Tenant::parse(c.tenant.ok_or_else(bad)?).map_err(|_| bad())?,
-        event_type: c.event_type.ok_or_else(bad)?,
-        status: c
-            .status
-            .as_deref()
-            .and_then(DeliveryStatus::parse)
-            .ok_or_else(bad)?,
-        attempts: u32::try_from(keys.len()).unwrap_or(u32::MAX),
-        first_attempt_at: from_cql(CqlTimestamp(first)),
-        last_attempt_at: from_cql(c.last_attempt_at.ok_or_else(bad)?),
-        next_attempt_at: c.next_attempt_at.map(from_cql),
-        last_status: status_from_col(c.last_status),
-        last_error_class: parse_class(c.last_error_class)?,
-    }))
+/// The state after `latest`, the latest-started of `attempts` attempts, the first of which
+/// started at `first`: the shared state transition applied to the latest attempt alone.
+fn state_from_cols(
+    first: CqlTimestamp,
+    attempts: u32,
+    latest: StateCols,
+) -> Result<DeliveryState, StoreError> {
+    let latest = attempt_from_cols(AttemptCols {
+        delivery_id: latest.delivery_id,
+        started_at: latest.started_at,
+        attempt: latest.attempt,
+        event_id: latest.event_id,
+        endpoint_id: latest.endpoint_id,
+        tenant: latest.tenant,
+        event_type: latest.event_type,
+        status: latest.status,
+        latency_ms: None,
+        error_class: latest.error_class,
+        response_body: None,
+        signing_key_ids: None,
+        replay_id: None,
+        outcome: latest.outcome,
+        next_attempt_at: latest.next_attempt_at,
+        dead_reason: latest.dead_reason,
+    })?;
+    let mut state = DeliveryState::after(None, &latest);
+    state.attempts = attempts;
+    state.first_attempt_at = from_cql(first);
+    Ok(state)
 }
 
 fn attempt_from_cols(c: AttemptCols) -> Result<AttemptRow, StoreError> {
@@ -884,7 +875,6 @@ impl DeliveryStore for ScyllaStore {
         let started = to_cql(row.started_at);
         let day = day_of(started);
         let attempt = attempt_col(row.attempt)?;
-        let (status, next_attempt_at) = status_after(&row.outcome);
         let (outcome, next_col, dead_reason) = row::outcome_columns(&row.outcome);
         let error_class = row.error_class.map(ErrorClass::as_str);
         let dead = match row.outcome {
@@ -892,7 +882,7 @@ impl DeliveryStore for ScyllaStore {
             _ => None,
         };
         let write_day = self.day_needs_write(&row.endpoint_id, day);
-        let statements = 4 + u32::from(write_day) + u32::from(dead.is_some());
+        let statements = 3 + u32::from(write_day) + u32::from(dead.is_some());
         let _permits = self.permit(statements).await?;
         let now = Instant::now();
 
@@ -916,24 +906,6 @@ impl DeliveryStore for ScyllaStore {
                 next_attempt_at: next_col,
                 dead_reason,
                 ttl: self.attempt_ttl,
-            },
-        );
-        let state = self.write(
-            &self.st.update_state,
-            StateValues {
-                ttl: self.attempt_ttl,
-                ts: write_timestamp(row.started_at),
-                event_id: row.event_id.as_str(),
-                endpoint_id: row.endpoint_id.as_str(),
-                tenant: row.tenant.as_str(),
-                event_type: &row.event_type,
-                status: status.as_str(),
-                last_attempt_at: started,
-                next_attempt_at: next_attempt_at.map(to_cql),
-                last_status: status_col(row.status),
-                last_error_class: error_class,
-                attempt_keys: vec![(started, attempt)],
-                delivery_id: row.delivery_id.as_str(),
             },
         );
         let history = self.write(
@@ -988,14 +960,7 @@ impl DeliveryStore for ScyllaStore {
             )
             .await
         };
-        tokio::try_join!(
-            attempt_row,
-            state,
-            history,
-            by_event,
-            day_index,
-            dead_letter
-        )?;
+        tokio::try_join!(attempt_row, history, by_event, day_index, dead_letter)?;
         if write_day {
             self.day_written(&row.endpoint_id, day, now);
         }

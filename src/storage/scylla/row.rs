@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use scylla::value::CqlTimestamp;
 
-use super::super::{AttemptOutcome, DeliveryStatus, StoreError};
+use super::super::{AttemptOutcome, StoreError};
 use crate::id::DeliveryId;
 use crate::retry_policy::DeadReason;
 
@@ -38,14 +38,6 @@ pub fn from_cql(t: CqlTimestamp) -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(t.0.unsigned_abs())
     } else {
         UNIX_EPOCH - Duration::from_millis(t.0.unsigned_abs())
-    }
-}
-
-/// Microseconds since the epoch: the write timestamp that makes the latest-started attempt win.
-pub fn write_timestamp(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_micros()).unwrap_or(i64::MAX),
     }
 }
 
@@ -123,23 +115,9 @@ pub fn outcome_from_columns(
     }
 }
 
-/// The delivery status an attempt's outcome sets, with the next attempt time it implies. Must
-/// agree with [`crate::storage::DeliveryState::after`] (a unit test checks it does).
-pub fn status_after(outcome: &AttemptOutcome) -> (DeliveryStatus, Option<SystemTime>) {
-    match outcome {
-        AttemptOutcome::Succeeded => (DeliveryStatus::Succeeded, None),
-        AttemptOutcome::RetryScheduled { next_attempt_at } => {
-            (DeliveryStatus::Failed, Some(*next_attempt_at))
-        }
-        AttemptOutcome::Dead { .. } => (DeliveryStatus::Dead, None),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::DeliveryState;
-    use crate::storage::conformance::attempt_row;
 
     #[test]
     fn times_round_trip_at_millisecond_precision() {
@@ -152,7 +130,6 @@ mod tests {
         assert_eq!(to_cql(t), CqlTimestamp(1));
         let t = UNIX_EPOCH - Duration::from_micros(1_001);
         assert_eq!(to_cql(t), CqlTimestamp(-2));
-        assert_eq!(write_timestamp(UNIX_EPOCH + Duration::from_micros(7)), 7);
     }
 
     #[test]
@@ -198,26 +175,5 @@ mod tests {
         }
         assert_eq!(outcome_from_columns("retry", None, None), None);
         assert_eq!(outcome_from_columns("dead", None, Some("nope")), None);
-    }
-
-    #[test]
-    fn status_matches_the_shared_state_transition() {
-        let mut row = attempt_row("evt_s", "ep_s", 1);
-        for outcome in [
-            AttemptOutcome::Succeeded,
-            AttemptOutcome::RetryScheduled {
-                next_attempt_at: UNIX_EPOCH,
-            },
-            AttemptOutcome::Dead {
-                reason: DeadReason::HttpStatus,
-            },
-        ] {
-            row.outcome = outcome;
-            let state = DeliveryState::after(None, &row);
-            assert_eq!(
-                status_after(&outcome),
-                (state.status, state.next_attempt_at)
-            );
-        }
     }
 }
