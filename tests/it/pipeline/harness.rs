@@ -104,8 +104,25 @@ impl Pipeline {
         }
     }
 
+    /// Stops every stage (as SIGTERM would), waits until they have drained and, on real Kafka,
+    /// deletes the test's topics: thousands of leftover partitions slow the shared broker down
+    /// for every later run.
+    pub async fn stop(self) {
+        let (config, kafka) = self.halt().await;
+        if kafka.is_none() {
+            let names: Vec<String> = service::topic_specs(&config)
+                .into_iter()
+                .map(|t| t.name)
+                .collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            crate::services::fixture::Topics::adopt(&config.kafka.bootstrap_servers, &names)
+                .delete()
+                .await;
+        }
+    }
+
     /// Stops every stage (as SIGTERM would) and waits until they have drained.
-    pub async fn stop(self) -> (Config, Option<Arc<EmbeddedKafka>>) {
+    async fn halt(self) -> (Config, Option<Arc<EmbeddedKafka>>) {
         self.shutdown.cancel();
         self.tasks.close();
         // In-flight attempts may use their whole timeout before the stages let go.
@@ -119,7 +136,7 @@ impl Pipeline {
     /// Stops, then starts again on the same Kafka with the same store contents lost (a new
     /// process); returns the new pipeline.
     pub async fn restart(self) -> Pipeline {
-        let (config, kafka) = self.stop().await;
+        let (config, kafka) = self.halt().await;
         Self::start_on(config, kafka).await
     }
 
