@@ -100,17 +100,23 @@ async fn attempts_round_trip<S: DeliveryStore + ?Sized>(store: &S) {
     );
 }
 
+/// The first attempt of a delivery, started at `t0`, answered 503 and retried 5 s later.
+fn answered_503(event: &str, endpoint: &str, t0: SystemTime) -> AttemptRow {
+    let mut row = attempt_row(event, endpoint, 1);
+    row.started_at = t0;
+    row.status = Some(503);
+    row.error_class = Some(ErrorClass::HttpStatus);
+    row.outcome = AttemptOutcome::RetryScheduled {
+        next_attempt_at: t0 + Duration::from_secs(5),
+    };
+    row
+}
+
 async fn state_follows_attempts<S: DeliveryStore + ?Sized>(store: &S) {
     let event = unique("evt");
     let endpoint = unique("ep");
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-    let mut first = attempt_row(&event, &endpoint, 1);
-    first.started_at = t0;
-    first.status = Some(503);
-    first.error_class = Some(ErrorClass::HttpStatus);
-    first.outcome = AttemptOutcome::RetryScheduled {
-        next_attempt_at: t0 + Duration::from_secs(5),
-    };
+    let first = answered_503(&event, &endpoint, t0);
     store.record_attempt(&first).await.unwrap();
     let s = store
         .delivery(&first.delivery_id)
@@ -148,13 +154,7 @@ async fn late_attempts_keep_the_newest_state<S: DeliveryStore + ?Sized>(store: &
     let mut newer = attempt_row(&event, &endpoint, 2);
     newer.started_at = t0 + Duration::from_secs(6);
     store.record_attempt(&newer).await.unwrap();
-    let mut older = attempt_row(&event, &endpoint, 1);
-    older.started_at = t0;
-    older.status = Some(503);
-    older.error_class = Some(ErrorClass::HttpStatus);
-    older.outcome = AttemptOutcome::RetryScheduled {
-        next_attempt_at: t0 + Duration::from_secs(5),
-    };
+    let older = answered_503(&event, &endpoint, t0);
     store.record_attempt(&older).await.unwrap();
     let s = store
         .delivery(&newer.delivery_id)
