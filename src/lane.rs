@@ -568,8 +568,8 @@ impl Lanes {
     /// but working one keeps finishing requests and does not.
     pub fn stalled(&self, endpoint: &EndpointId, now: Instant, after: Duration) -> bool {
         self.entries.get(endpoint).is_some_and(|e| {
-            e.lane.in_flight() > 0
-                && e.lane.in_flight() >= e.lane.limit()
+            // The limit is at least 1, so a full lane has something in flight.
+            e.lane.in_flight() >= e.lane.limit()
                 && now.saturating_duration_since(e.progress_at) >= after
         })
     }
