@@ -110,6 +110,15 @@ pub fn consumer_config(
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
         .set("fetch.wait.max.ms", "20")
+        // A stage pauses a partition whose window is full, and librdkafka drops that
+        // partition's prefetched records on pause (they are fetched again on resume). With its
+        // defaults (up to 100,000 records or 64 MiB prefetched) a backlog made the delivery
+        // stage fetch every record about seven times. A small prefetch keeps the waste to a
+        // fraction of the window; the short queue backoff fetches again as soon as the stage
+        // has taken records (the default waits a second).
+        .set("queued.min.messages", "100")
+        .set("max.partition.fetch.bytes", "131072")
+        .set("fetch.queue.backoff.ms", "5")
         .set("isolation.level", "read_committed")
         .set("statistics.interval.ms", "5000");
     for (k, v) in overrides
