@@ -92,22 +92,25 @@ struct Queued {
 /// Send plans kept per endpoint before the cache is cleared and rebuilt as used.
 const MAX_PLANS: usize = 10_000;
 
-/// What an attempt task reports back to the stage loop.
-struct Done {
-    tp: Tp,
-    offset: i64,
-    permit: Permit,
-    health: Option<breaker::Outcome>,
-    disable: Option<EndpointId>,
-    settled: bool,
+/// What an attempt task reports back to the stage loop: first that the endpoint answered (its
+/// lane slot is free), then that the attempt is logged and its follow-up produced.
+enum Done {
+    Answered {
+        permit: Permit,
+        health: Option<breaker::Outcome>,
+    },
+    Finished {
+        tp: Tp,
+        offset: i64,
+        disable: Option<EndpointId>,
+        settled: bool,
+    },
 }
 
 /// What follows one attempt.
 pub struct AttemptReport {
     /// The record to produce before settling (a retry or the DLQ record).
     pub follow_up: Option<Outgoing>,
-    /// The attempt's health signal for the breaker and the lane.
-    pub health: Option<breaker::Outcome>,
     /// The receiver answered 410: disable the endpoint.
     pub disable_endpoint: bool,
     /// The logged row.
@@ -235,12 +238,17 @@ fn prepare(
 impl DeliverDeps {
     /// Makes one attempt of `record` to `endpoint`, logs it durably (retrying the store until it
     /// answers or `stop` fires: `None`), and says what must be produced before settling.
+    ///
+    /// `answered` is called with the attempt's health signal as soon as the HTTP exchange is
+    /// over, before the attempt is logged: the endpoint's lane slot is free from then on, so a
+    /// slow store write never counts against the endpoint's concurrency.
     pub async fn attempt(
         &self,
         record: DeliveryRecord,
         endpoint: &Endpoint,
         plan: &SendPlan,
         stop: &CancellationToken,
+        answered: impl FnOnce(Option<breaker::Outcome>),
     ) -> Option<AttemptReport> {
         let started = SystemTime::now();
         let record = record.with_first_attempt_at(started);
@@ -260,6 +268,7 @@ impl DeliverDeps {
             Err(Unsendable::BadUrl(detail)) => (refused(&detail), vec![], false),
         };
         let finished = SystemTime::now();
+        answered(breaker::Outcome::of(&attempt.result));
         telemetry::AttemptFinished {
             endpoint_id: endpoint.id.as_str(),
             delivery_id: record.delivery_id.as_str(),
@@ -304,19 +313,16 @@ impl DeliverDeps {
             reason,
             disable_endpoint: false,
         };
-        let mut report = self
-            .settle_decision(
-                record,
-                refused(reason.as_str()),
-                attempt_no,
-                now,
-                vec![],
-                decision,
-                stop,
-            )
-            .await?;
-        report.health = None;
-        Some(report)
+        self.settle_decision(
+            record,
+            refused(reason.as_str()),
+            attempt_no,
+            now,
+            vec![],
+            decision,
+            stop,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -411,7 +417,6 @@ impl DeliverDeps {
         }
         Some(AttemptReport {
             follow_up,
-            health: breaker::Outcome::of(&attempt.result),
             disable_endpoint: disable,
             row,
         })
@@ -700,26 +705,25 @@ impl Stage {
                 record,
                 endpoint,
             } = q;
-            let report = deps.attempt(record, &endpoint, &plan, &stop).await;
-            let (settled, health, disable) = match report {
-                None => (false, None, None),
+            let answered = |health| {
+                let _ = done.send(Done::Answered { permit, health });
+            };
+            let report = deps
+                .attempt(record, &endpoint, &plan, &stop, answered)
+                .await;
+            let (settled, disable) = match report {
+                None => (false, None),
                 Some(r) => {
                     let acked = match r.follow_up {
                         Some(out) => produce_until_acked(&producer, out, &stop).await,
                         None => true,
                     };
-                    (
-                        acked,
-                        r.health,
-                        r.disable_endpoint.then(|| endpoint.id.clone()),
-                    )
+                    (acked, r.disable_endpoint.then(|| endpoint.id.clone()))
                 }
             };
-            let _ = done.send(Done {
+            let _ = done.send(Done::Finished {
                 tp,
                 offset,
-                permit,
-                health,
                 disable,
                 settled,
             });
@@ -771,24 +775,35 @@ impl Stage {
     }
 
     fn on_done(&mut self, done: Done) {
-        let id = done.permit.endpoint().clone();
-        match self
-            .lanes
-            .release(done.permit, done.health, tokio::time::Instant::now())
-        {
-            Some(Transition::Opened { cool_down, .. }) => {
-                telemetry::breaker_opened(id.as_str(), cool_down)
+        match done {
+            Done::Answered { permit, health } => {
+                let id = permit.endpoint().clone();
+                match self
+                    .lanes
+                    .release(permit, health, tokio::time::Instant::now())
+                {
+                    Some(Transition::Opened { cool_down, .. }) => {
+                        telemetry::breaker_opened(id.as_str(), cool_down)
+                    }
+                    Some(Transition::Closed) => telemetry::breaker_closed(id.as_str()),
+                    None => {}
+                }
+                self.dispatch(&id);
             }
-            Some(Transition::Closed) => telemetry::breaker_closed(id.as_str()),
-            None => {}
+            Done::Finished {
+                tp,
+                offset,
+                disable,
+                settled,
+            } => {
+                if settled {
+                    self.settlements.settle(&tp, offset);
+                }
+                if let Some(gone) = disable {
+                    self.disable(gone);
+                }
+            }
         }
-        if done.settled {
-            self.settlements.settle(&done.tp, done.offset);
-        }
-        if let Some(gone) = done.disable {
-            self.disable(gone);
-        }
-        self.dispatch(&id);
     }
 
     /// Disables an endpoint whose receiver answered 410 Gone.
@@ -836,5 +851,160 @@ impl Stage {
         self.lanes.evict_idle(tokio::time::Instant::now());
         self.settlements.store(consumer);
         self.settlements.flow_control(consumer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use async_trait::async_trait;
+    use tokio::sync::{Semaphore, oneshot};
+
+    use super::*;
+    use crate::config::Config;
+    use crate::endpoint::CreateEndpoint;
+    use crate::id::{DeliveryId, EventId, Tenant};
+    use crate::input::EventType;
+    use crate::registry::MemoryEndpointStore;
+    use crate::sealed::MasterKey;
+    use crate::storage::memory::MemoryStore;
+    use crate::storage::{DeliveryState, HistoryQuery, Page, ReplayAudit, StoreError};
+
+    /// A memory store whose `record_attempt` waits for a permit of `gate`.
+    struct GatedStore {
+        inner: MemoryStore,
+        gate: Semaphore,
+    }
+
+    #[async_trait]
+    impl DeliveryStore for GatedStore {
+        async fn record_attempt(&self, row: &AttemptRow) -> Result<(), StoreError> {
+            self.gate.acquire().await.expect("gate open").forget();
+            self.inner.record_attempt(row).await
+        }
+        async fn delivery(&self, id: &DeliveryId) -> Result<Option<DeliveryState>, StoreError> {
+            self.inner.delivery(id).await
+        }
+        async fn attempts(&self, id: &DeliveryId) -> Result<Vec<AttemptRow>, StoreError> {
+            self.inner.attempts(id).await
+        }
+        async fn endpoint_deliveries(
+            &self,
+            endpoint: &EndpointId,
+            query: &HistoryQuery,
+        ) -> Result<Page<DeliveryState>, StoreError> {
+            self.inner.endpoint_deliveries(endpoint, query).await
+        }
+        async fn event_deliveries(
+            &self,
+            event: &EventId,
+        ) -> Result<Vec<DeliveryState>, StoreError> {
+            self.inner.event_deliveries(event).await
+        }
+        async fn record_replay(&self, audit: &ReplayAudit) -> Result<(), StoreError> {
+            self.inner.record_replay(audit).await
+        }
+        async fn replays(&self, limit: u32) -> Result<Vec<ReplayAudit>, StoreError> {
+            self.inner.replays(limit).await
+        }
+    }
+
+    /// A receiver on loopback that answers 200 and counts requests.
+    async fn receiver() -> (String, Arc<AtomicU64>) {
+        let hits = Arc::new(AtomicU64::new(0));
+        let counted = hits.clone();
+        let app = axum::Router::new().fallback(move || {
+            let hits = counted.clone();
+            async move {
+                hits.fetch_add(1, Ordering::SeqCst);
+                "ok"
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (format!("http://{addr}/hook"), hits)
+    }
+
+    #[tokio::test]
+    async fn the_lane_slot_is_given_back_before_the_attempt_is_logged() {
+        let (url, hits) = receiver().await;
+        let config = Config::dev_defaults();
+        let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
+        let created = Endpoint::create(
+            CreateEndpoint {
+                tenant: Tenant::parse("acme").unwrap(),
+                url,
+                event_types: vec!["*".into()],
+                max_in_flight: Some(1),
+                rate_limit_per_s: None,
+                secret: None,
+            },
+            SystemTime::now(),
+        )
+        .unwrap();
+        let endpoint = endpoints.put(&created).await.unwrap();
+        let store = Arc::new(GatedStore {
+            inner: MemoryStore::with_capacity(16),
+            gate: Semaphore::new(0),
+        });
+        let deps = Arc::new(DeliverDeps {
+            endpoints: endpoints.view().clone(),
+            endpoint_writer: endpoints.clone(),
+            store: store.clone(),
+            sender: crate::service::sender(&config).unwrap(),
+            policy: config.retry.policy(),
+            tiers: Arc::new(Tiers::new("t.retry.", &config.retry.tiers)),
+            dlq_topic: Arc::from("t.dlq"),
+            invalid_topic: Arc::from("t.invalid"),
+            lanes: LanesConfig::default(),
+            default_max_in_flight: 1,
+            max_window: 10,
+            lane_queue: 10,
+            stall_after: Duration::from_secs(1),
+            stalled_wait: Duration::from_secs(15),
+            drain_deadline: Duration::from_secs(20),
+        });
+        let record = DeliveryRecord::new(
+            EventId::parse("evt_1").unwrap(),
+            endpoint.id.clone(),
+            endpoint.tenant.clone(),
+            EventType::parse("order.created").unwrap(),
+            UnixMillis::from(SystemTime::now()),
+            None,
+            Bytes::from_static(b"{}"),
+        );
+        let delivery = record.delivery_id.clone();
+        let plan = SendPlan::build(&endpoint, SystemTime::now());
+        let (answered_tx, answered_rx) = oneshot::channel();
+        let attempt = tokio::spawn({
+            let deps = deps.clone();
+            async move {
+                let stop = CancellationToken::new();
+                deps.attempt(record, &endpoint, &plan, &stop, |health| {
+                    let _ = answered_tx.send(health);
+                })
+                .await
+            }
+        });
+
+        // The store write is held back: the endpoint's answer must be reported anyway.
+        let health = tokio::time::timeout(Duration::from_secs(10), answered_rx)
+            .await
+            .expect("the answer was reported while the store write was still waiting")
+            .unwrap();
+        assert_eq!(health, Some(breaker::Outcome::Healthy));
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+        assert!(store.inner.attempts(&delivery).await.unwrap().is_empty());
+        assert!(
+            !attempt.is_finished(),
+            "not settled before its row is logged"
+        );
+
+        store.gate.add_permits(1);
+        let report = attempt.await.unwrap().expect("logged and reported");
+        assert!(report.follow_up.is_none());
+        assert_eq!(store.inner.attempts(&delivery).await.unwrap().len(), 1);
     }
 }
