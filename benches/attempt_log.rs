@@ -9,6 +9,11 @@
 //! fifty. Delivery state is derived from the attempt rows on read and costs no write. Figures
 //! are per attempt; the server shares the machine's cores with everything else, so compare only
 //! runs made back to back.
+//!
+//! The load models one delivery stage: [`ENDPOINTS`] endpoints, every event fanned out to each
+//! of them, attempts taken in event order. So an event's deliveries are logged at about the same
+//! time (their event-index rows share a partition), and the attempts in flight at once share a
+//! handful of (endpoint, day) history partitions, as they do in the pipeline.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +27,8 @@ use hookline::storage::scylla::{ScyllaConfig, ScyllaStore, connect_session};
 use hookline::storage::{AttemptOutcome, AttemptRow, DeliveryStore};
 
 const CQL_ADDR: &str = "127.0.0.1:9042";
-const ENDPOINTS: u64 = 500;
+/// Endpoints of the modelled delivery stage; every event goes to each.
+const ENDPOINTS: u64 = 10;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -31,19 +37,26 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// A realistic mix: most attempts succeed, one in ten is a 503 with a retry, one in fifty is a
-/// 404 dead letter; bodies of a few hundred bytes.
+/// The `n`th attempt: event `n / ENDPOINTS` to endpoint `n % ENDPOINTS`. A realistic mix: most
+/// attempts succeed, one in ten is a 503 with a retry, one in fifty is a 404 dead letter;
+/// bodies of a few hundred bytes.
 fn row(n: u64) -> AttemptRow {
-    let mut row = attempt_row(&format!("evt_b{n}"), &format!("ep_b{}", n % ENDPOINTS), 1);
+    let mut row = attempt_row(
+        &format!("evt_b{}", n / ENDPOINTS),
+        &format!("ep_b{}", n % ENDPOINTS),
+        1,
+    );
     row.started_at = SystemTime::now();
     row.response_body = vec![b'x'; 300];
-    if n.is_multiple_of(10) {
+    // Outcomes spread over endpoints (a fixed `n % 10` would make one endpoint take every retry).
+    let roll = (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 100;
+    if roll < 10 {
         row.status = Some(503);
         row.error_class = Some(ErrorClass::HttpStatus);
         row.outcome = AttemptOutcome::RetryScheduled {
             next_attempt_at: row.started_at + Duration::from_secs(30),
         };
-    } else if n % 50 == 1 {
+    } else if roll < 12 {
         row.status = Some(404);
         row.error_class = Some(ErrorClass::HttpStatus);
         row.outcome = AttemptOutcome::Dead {

@@ -178,7 +178,7 @@ pub const MAX_PAGE: u32 = 500;
 
 /// Store failures. The pipeline treats every variant as "not durable": it does not settle, and
 /// tries again.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The store cannot be reached or timed out.
     #[error("store unavailable: {0}")]

@@ -373,3 +373,84 @@ async fn history_paging_is_stable_while_other_tasks_insert() {
         })
         .await;
 }
+
+/// Ten endpoints, each event fanned out to all of them, every attempt logged at once: the rows
+/// of one (endpoint, day) and of one event go in shared batches. Every call that returns `Ok`
+/// has its history entry and event-index row readable, and callers that go away while their
+/// rows wait or are in flight cost no other caller a row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_rows_logged_together_are_durable_and_outlive_dropped_callers() {
+    cql()
+        .await
+        .run(|c| async move {
+            c.migrate().await;
+            let store = c.store().await;
+            let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+            let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
+            let endpoints: Vec<String> = (0..10).map(|i| format!("ep_g{i}_{run}")).collect();
+            let mut rows = vec![];
+            for e in 0..40u64 {
+                for (i, endpoint) in endpoints.iter().enumerate() {
+                    let mut row = attempt_row(&format!("evt_g{e}_{run}"), endpoint, 1);
+                    row.started_at = t0 + Duration::from_millis(e * 10 + i as u64);
+                    rows.push(row);
+                }
+            }
+            let calls: Vec<_> = rows
+                .iter()
+                .cloned()
+                .map(|row| {
+                    let store = store.clone();
+                    tokio::spawn(async move { store.record_attempt(&row).await })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            // Every third caller goes away, wherever its rows are.
+            let mut kept = vec![];
+            for (i, (call, row)) in calls.into_iter().zip(&rows).enumerate() {
+                if i % 3 == 0 {
+                    call.abort();
+                } else {
+                    kept.push((call, row));
+                }
+            }
+            for (call, row) in &mut kept {
+                call.await
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{}: {e}", row.delivery_id));
+            }
+            for endpoint in &endpoints {
+                let ep = EndpointId::parse(endpoint).unwrap();
+                let page = store
+                    .endpoint_deliveries(
+                        &ep,
+                        &HistoryQuery {
+                            limit: 500,
+                            since: Some(t0),
+                            ..Default::default()
+                        },
+                    )
+                    .await
+                    .unwrap();
+                let listed: Vec<_> = page.items.iter().map(|s| &s.delivery_id).collect();
+                for (_, row) in kept.iter().filter(|(_, r)| r.endpoint_id == ep) {
+                    assert!(
+                        listed.contains(&&row.delivery_id),
+                        "{} missing from {endpoint}'s history",
+                        row.delivery_id
+                    );
+                }
+            }
+            for event in rows.iter().step_by(endpoints.len()).map(|r| &r.event_id) {
+                let listed = store.event_deliveries(event).await.unwrap();
+                for (_, row) in kept.iter().filter(|(_, r)| &r.event_id == event) {
+                    assert!(
+                        listed.iter().any(|s| s.delivery_id == row.delivery_id),
+                        "{} missing from {event}'s deliveries",
+                        row.delivery_id
+                    );
+                }
+            }
+        })
+        .await;
+}

@@ -3,12 +3,19 @@
 //! Tables are in `schemas/cql/` (applied by [`crate::migrate`]). Writes are prepared
 //! statements, token-aware (the driver's default policy, optionally pinned to `local_dc`),
 //! bounded by a semaphore of `max_concurrent_writes` requests in flight, each under the
-//! `write_timeout` of the session's execution profile.
+//! `write_timeout` of the session's execution profile. A permit is held only while its request
+//! is in flight, never while a caller waits for a batch written by another task, so callers
+//! cannot hold every permit while the batches they wait for need one.
 //!
-//! One attempt = 3 to 5 writes issued concurrently (attempt row, history entry, event index, the
+//! One attempt = 3 to 5 rows written concurrently (attempt row, history entry, event index, the
 //! endpoint's day index when not written recently, the dead letter when the attempt
-//! dead-lettered); `record_attempt` returns `Ok` only when all succeeded. Every write is a
-//! blind, idempotent insert, so the pipeline can simply retry a failed `record_attempt`.
+//! dead-lettered); `record_attempt` returns `Ok` only when all are durable. The attempt row and
+//! the day index are plain writes. History entries, event-index rows and dead letters go
+//! through [`group_commit`]: rows of one partition (an endpoint's day, an event) that arrive
+//! while a write to it is in flight go together as one single-partition unlogged batch, which
+//! the server applies as one mutation, so under load an index row costs a fraction of a write.
+//! Every write is a blind, idempotent insert, so the pipeline can simply retry a failed
+//! `record_attempt`.
 //!
 //! A delivery's state is not written at all: it is derived, on read, from the delivery's
 //! attempt rows (one partition, oldest first). Their count is the attempt count, the first row
@@ -29,12 +36,15 @@
 //! a rare status over a long history may come back short, with a cursor to continue from.
 //!
 //! When the cluster is unreachable every call fails with [`StoreError::Unavailable`] after at
-//! most `write_timeout`; the driver keeps reconnecting, so calls succeed again once it is back.
+//! most `write_timeout` per request it waits for (an index row may first wait for the batch of
+//! its partition in flight, so `record_attempt` can take up to twice that, plus waits for a
+//! permit); the driver keeps reconnecting, so calls succeed again once it is back.
 //! At start-up [`ScyllaStore::open`] waits up to `startup_wait` for a cluster that does not
 //! answer yet ([`startup`]) and refuses at once a keyspace that `hookline migrate` has not
 //! brought to this binary's schema.
 
 mod config;
+mod group_commit;
 mod row;
 pub mod startup;
 
@@ -53,11 +63,14 @@ use scylla::errors::{
 use scylla::frame::types::Consistency;
 use scylla::policies::load_balancing::DefaultPolicy;
 use scylla::serialize::row::SerializeRow;
+use scylla::statement::batch::{Batch, BatchStatement, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlTimestamp;
 use scylla::{DeserializeRow, SerializeRow};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+
+use group_commit::{BatchWrite, GroupCommit, PartitionRow};
 
 pub use config::{
     ConfigError, MAX_CQL_TTL, MAX_NODES, MAX_STARTUP_WAIT, Replication, ScyllaConfig,
@@ -226,7 +239,7 @@ impl Statements {
             .await?,
             insert_history: p(format!(
                 "INSERT INTO {ks}.deliveries_by_endpoint (endpoint_id, day, at, delivery_id) \
-                 VALUES (?, ?, ?, ?) USING TTL ?"
+                 VALUES (:endpoint_id, :day, :at, :delivery_id) USING TTL :ttl"
             ))
             .await?,
             insert_day: p(format!(
@@ -235,7 +248,7 @@ impl Statements {
             .await?,
             insert_by_event: p(format!(
                 "INSERT INTO {ks}.deliveries_by_event (event_id, delivery_id, endpoint_id) \
-                 VALUES (?, ?, ?) USING TTL ?"
+                 VALUES (:event_id, :delivery_id, :endpoint_id) USING TTL :ttl"
             ))
             .await?,
             insert_dead: p(format!(
@@ -307,7 +320,10 @@ impl Statements {
 pub struct ScyllaStore {
     session: Arc<Session>,
     st: Statements,
-    permits: Semaphore,
+    permits: Arc<Semaphore>,
+    history: GroupCommit<HistoryRow>,
+    by_event: GroupCommit<EventIndexRow>,
+    dead_letters: GroupCommit<DeadLetterRow>,
     attempt_ttl: i32,
     day_index_ttl: i32,
     audit_ttl: i32,
@@ -366,19 +382,103 @@ struct AttemptValues<'a> {
     ttl: i32,
 }
 
+/// Bytes of write time and TTL the server counts per cell (and per row's liveness) when it
+/// sizes a batch.
+const CELL_OVERHEAD: usize = 16;
+
+/// A `deliveries_by_endpoint` entry; partition (endpoint, day).
 #[derive(SerializeRow)]
-struct DeadValues<'a> {
-    endpoint_id: &'a str,
+struct HistoryRow {
+    endpoint_id: String,
+    day: i32,
+    at: CqlTimestamp,
+    delivery_id: String,
+    ttl: i32,
+}
+
+impl PartitionRow for HistoryRow {
+    type Key = (String, i32);
+    fn partition(&self) -> (String, i32) {
+        (self.endpoint_id.clone(), self.day)
+    }
+    fn size(&self) -> usize {
+        8 + self.delivery_id.len() + CELL_OVERHEAD
+    }
+}
+
+/// A `deliveries_by_event` row; partition = the event.
+#[derive(SerializeRow)]
+struct EventIndexRow {
+    event_id: String,
+    delivery_id: String,
+    endpoint_id: String,
+    ttl: i32,
+}
+
+impl PartitionRow for EventIndexRow {
+    type Key = String;
+    fn partition(&self) -> String {
+        self.event_id.clone()
+    }
+    fn size(&self) -> usize {
+        self.delivery_id.len() + self.endpoint_id.len() + 2 * CELL_OVERHEAD
+    }
+}
+
+/// A `dead_letters_by_endpoint` row; partition (endpoint, day).
+#[derive(SerializeRow)]
+struct DeadLetterRow {
+    endpoint_id: String,
     day: i32,
     dead_at: CqlTimestamp,
-    delivery_id: &'a str,
-    event_id: &'a str,
-    tenant: &'a str,
-    event_type: &'a str,
+    delivery_id: String,
+    event_id: String,
+    tenant: String,
+    event_type: String,
     attempt: i32,
     reason: &'static str,
     last_status: Option<i32>,
     ttl: i32,
+}
+
+impl PartitionRow for DeadLetterRow {
+    type Key = (String, i32);
+    fn partition(&self) -> (String, i32) {
+        (self.endpoint_id.clone(), self.day)
+    }
+    fn size(&self) -> usize {
+        8 + self.delivery_id.len()
+            + self.event_id.len()
+            + self.tenant.len()
+            + self.event_type.len()
+            + 4
+            + self.reason.len()
+            + 4
+            + 7 * CELL_OVERHEAD
+    }
+}
+
+/// Writes rows of one partition of one table: a lone row as a plain write, several as one
+/// unlogged batch (one mutation on the server).
+struct PartitionWriter {
+    session: Arc<Session>,
+    statement: PreparedStatement,
+}
+
+#[async_trait]
+impl<R: PartitionRow + SerializeRow + Sync> BatchWrite<R> for PartitionWriter {
+    async fn write(&self, rows: Vec<R>) -> Result<(), StoreError> {
+        let result = if let [row] = rows.as_slice() {
+            self.session.execute_unpaged(&self.statement, row).await
+        } else {
+            let statement = BatchStatement::PreparedStatement(self.statement.clone());
+            let mut batch =
+                Batch::new_with_statements(BatchType::Unlogged, vec![statement; rows.len()]);
+            batch.set_is_idempotent(true);
+            self.session.batch(&batch, &rows).await
+        };
+        result.map(|_| ()).map_err(exec_error)
+    }
 }
 
 #[derive(SerializeRow)]
@@ -612,10 +712,18 @@ impl ScyllaStore {
                 .as_secs(),
         )
         .unwrap_or(i32::MAX);
+        let permits = Arc::new(Semaphore::new(config.max_concurrent_writes));
+        let writer = |statement: &PreparedStatement| PartitionWriter {
+            session: session.clone(),
+            statement: statement.clone(),
+        };
         Ok(ScyllaStore {
+            history: GroupCommit::new(writer(&st.insert_history), permits.clone()),
+            by_event: GroupCommit::new(writer(&st.insert_by_event), permits.clone()),
+            dead_letters: GroupCommit::new(writer(&st.insert_dead), permits.clone()),
             session,
             st,
-            permits: Semaphore::new(config.max_concurrent_writes),
+            permits,
             attempt_ttl,
             day_index_ttl,
             audit_ttl: config.audit_ttl_secs(),
@@ -636,7 +744,7 @@ impl ScyllaStore {
         limit: u32,
     ) -> Result<Vec<DeadLetter>, StoreError> {
         let limit = i32::try_from(limit.clamp(1, MAX_PAGE)).unwrap_or(1);
-        let _permit = self.permit(1).await?;
+        let _permit = self.permit().await?;
         let result = self
             .session
             .execute_unpaged(
@@ -673,18 +781,21 @@ impl ScyllaStore {
         Ok(out)
     }
 
-    async fn permit(&self, n: u32) -> Result<tokio::sync::SemaphorePermit<'_>, StoreError> {
+    /// One of the `max_concurrent_writes` request slots, held while one request is in flight.
+    async fn permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, StoreError> {
         self.permits
-            .acquire_many(n)
+            .acquire()
             .await
             .map_err(|_| StoreError::Unavailable("store is shutting down".into()))
     }
 
+    /// One plain write under one permit.
     async fn write(
         &self,
         statement: &PreparedStatement,
         values: impl SerializeRow,
     ) -> Result<(), StoreError> {
+        let _permit = self.permit().await?;
         self.session
             .execute_unpaged(statement, values)
             .await
@@ -714,7 +825,7 @@ impl ScyllaStore {
     /// latest-started attempt, which sets the status. `None` when no row is left (never logged,
     /// or every row expired).
     async fn read_state(&self, id: &str) -> Result<Option<DeliveryState>, StoreError> {
-        let _permit = self.permit(1).await?;
+        let _permit = self.permit().await?;
         let mut rows = self
             .session
             .execute_iter(self.st.select_state.clone(), (id,))
@@ -747,7 +858,7 @@ impl ScyllaStore {
         min: i32,
         max: i32,
     ) -> Result<Vec<i32>, StoreError> {
-        let _permit = self.permit(1).await?;
+        let _permit = self.permit().await?;
         let mut stream = self
             .session
             .execute_iter(self.st.select_days.clone(), (endpoint.as_str(), min, max))
@@ -882,8 +993,6 @@ impl DeliveryStore for ScyllaStore {
             _ => None,
         };
         let write_day = self.day_needs_write(&row.endpoint_id, day);
-        let statements = 3 + u32::from(write_day) + u32::from(dead.is_some());
-        let _permits = self.permit(statements).await?;
         let now = Instant::now();
 
         let attempt_row = self.write(
@@ -908,25 +1017,19 @@ impl DeliveryStore for ScyllaStore {
                 ttl: self.attempt_ttl,
             },
         );
-        let history = self.write(
-            &self.st.insert_history,
-            (
-                row.endpoint_id.as_str(),
-                day,
-                started,
-                row.delivery_id.as_str(),
-                self.attempt_ttl,
-            ),
-        );
-        let by_event = self.write(
-            &self.st.insert_by_event,
-            (
-                row.event_id.as_str(),
-                row.delivery_id.as_str(),
-                row.endpoint_id.as_str(),
-                self.attempt_ttl,
-            ),
-        );
+        let history = self.history.write(HistoryRow {
+            endpoint_id: row.endpoint_id.as_str().to_owned(),
+            day,
+            at: started,
+            delivery_id: row.delivery_id.as_str().to_owned(),
+            ttl: self.attempt_ttl,
+        });
+        let by_event = self.by_event.write(EventIndexRow {
+            event_id: row.event_id.as_str().to_owned(),
+            delivery_id: row.delivery_id.as_str().to_owned(),
+            endpoint_id: row.endpoint_id.as_str().to_owned(),
+            ttl: self.attempt_ttl,
+        });
         let day_index = async {
             if write_day {
                 self.write(
@@ -942,23 +1045,21 @@ impl DeliveryStore for ScyllaStore {
             let Some(reason) = dead else {
                 return Ok(());
             };
-            self.write(
-                &self.st.insert_dead,
-                DeadValues {
-                    endpoint_id: row.endpoint_id.as_str(),
+            self.dead_letters
+                .write(DeadLetterRow {
+                    endpoint_id: row.endpoint_id.as_str().to_owned(),
                     day,
                     dead_at: started,
-                    delivery_id: row.delivery_id.as_str(),
-                    event_id: row.event_id.as_str(),
-                    tenant: row.tenant.as_str(),
-                    event_type: &row.event_type,
+                    delivery_id: row.delivery_id.as_str().to_owned(),
+                    event_id: row.event_id.as_str().to_owned(),
+                    tenant: row.tenant.as_str().to_owned(),
+                    event_type: row.event_type.clone(),
                     attempt,
                     reason: reason.as_str(),
                     last_status: status_col(row.status),
                     ttl: self.attempt_ttl,
-                },
-            )
-            .await
+                })
+                .await
         };
         tokio::try_join!(attempt_row, history, by_event, day_index, dead_letter)?;
         if write_day {
@@ -972,7 +1073,7 @@ impl DeliveryStore for ScyllaStore {
     }
 
     async fn attempts(&self, id: &DeliveryId) -> Result<Vec<AttemptRow>, StoreError> {
-        let _permit = self.permit(1).await?;
+        let _permit = self.permit().await?;
         let mut stream = self
             .session
             .execute_iter(self.st.select_attempts.clone(), (id.as_str(),))
@@ -1014,7 +1115,7 @@ impl DeliveryStore for ScyllaStore {
         let mut truncated = false;
         'days: for day in days {
             let pager = {
-                let _permit = self.permit(1).await?;
+                let _permit = self.permit().await?;
                 match &cursor {
                     Some(c) if c.day == day => {
                         self.session
@@ -1087,7 +1188,7 @@ impl DeliveryStore for ScyllaStore {
 
     async fn event_deliveries(&self, event: &EventId) -> Result<Vec<DeliveryState>, StoreError> {
         let ids: Vec<String> = {
-            let _permit = self.permit(1).await?;
+            let _permit = self.permit().await?;
             let mut stream = self
                 .session
                 .execute_iter(self.st.select_by_event.clone(), (event.as_str(),))
@@ -1119,7 +1220,6 @@ impl DeliveryStore for ScyllaStore {
     async fn record_replay(&self, audit: &ReplayAudit) -> Result<(), StoreError> {
         let at = to_cql(audit.at);
         let count = i64::try_from(audit.count).unwrap_or(i64::MAX);
-        let _permits = self.permit(2).await?;
         let by_id = self.write(
             &self.st.insert_replay,
             ReplayValues {
@@ -1156,7 +1256,7 @@ impl DeliveryStore for ScyllaStore {
             return Ok(vec![]);
         }
         let limit = i32::try_from(limit.min(MAX_REPLAYS_READ)).unwrap_or(1);
-        let _permit = self.permit(1).await?;
+        let _permit = self.permit().await?;
         let result = self
             .session
             .execute_unpaged(&self.st.select_recent_replays, (REPLAY_FEED, limit))
