@@ -14,9 +14,10 @@
 //! rather than a panic, because the caller's bug must not take down the other partitions.
 //!
 //! Memory: the tracker keeps one 8-byte slot per record from the lowest unsettled offset to the
-//! newest tracked one, settled or not (the offset, with the settled flag in its top bit). Bounding the number of in-flight records is therefore not
-//! enough on its own: a slow head keeps its settled successors in the window too, so the caller
-//! bounds [`OffsetTracker::window_len`] (pausing the partition when it is reached).
+//! newest tracked one, settled or not (the offset, with the settled flag in its top bit).
+//! Bounding the number of in-flight records is therefore not enough on its own: a slow head
+//! keeps its settled successors in the window too, so the caller bounds
+//! [`OffsetTracker::window_len`] (pausing the partition when it is reached).
 
 use std::collections::VecDeque;
 
