@@ -108,20 +108,19 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
         .await
         .run(|c| async move {
             let first = c.migrate().await;
-            assert_eq!(first.applied, [(1, "initial")]);
-            assert_eq!(first.version, 1);
+            assert_eq!(first.applied, [(1, "initial"), (2, "history_buckets")]);
+            assert_eq!(first.version, 2);
             let second = c.migrate().await;
             assert!(second.applied.is_empty(), "second run applies nothing");
-            assert_eq!(second.version, 1);
+            assert_eq!(second.version, 2);
             let ks = &c.config.keyspace;
             let recorded = hookline::migrate::applied_versions(&c.session, ks)
                 .await
                 .unwrap();
-            assert_eq!(recorded.len(), 1);
-            assert_eq!(
-                recorded[0].checksum,
-                hookline::migrate::checksum(MIGRATIONS[0].cql)
-            );
+            assert_eq!(recorded.len(), 2);
+            for (recorded, m) in recorded.iter().zip(MIGRATIONS) {
+                assert_eq!(recorded.checksum, hookline::migrate::checksum(m.cql));
+            }
 
             // A later release migrated this keyspace: this binary must not touch it.
             c.session
@@ -142,7 +141,7 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     err,
                     MigrateError::NewerSchema {
                         database: 999,
-                        binary: 1,
+                        binary: 2,
                         ..
                     }
                 ),
@@ -165,11 +164,66 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
                 err,
                 ScyllaError::SchemaBehind {
                     found: 0,
-                    needed: 1,
+                    needed: 2,
                     ..
                 }
             ));
             assert!(err.to_string().contains("hookline migrate"), "{err}");
+        })
+        .await;
+}
+
+/// A keyspace a release with schema version 1 migrated: this binary refuses it until
+/// `hookline migrate` adds version 2, which leaves version 1's tables in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_keyspace_is_refused_until_upgraded() {
+    cql()
+        .await
+        .run(|c| async move {
+            let ks = &c.config.keyspace;
+            let replication = c.config.replication().unwrap();
+            let old = migrate(&c.session, ks, &replication, &MIGRATIONS[..1])
+                .await
+                .unwrap();
+            assert_eq!(old.version, 1);
+            let err = ScyllaStore::with_session(c.session.clone(), &c.config)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    ScyllaError::SchemaBehind {
+                        found: 1,
+                        needed: 2,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            let upgrade = c.migrate().await;
+            assert_eq!(upgrade.applied, [(2, "history_buckets")]);
+            assert_eq!(upgrade.version, 2);
+            c.store().await;
+            // Version 1's tables stay (their rows expire with their TTL).
+            for table in [
+                "deliveries_by_endpoint",
+                "endpoint_days",
+                "endpoint_buckets",
+            ] {
+                let found = c
+                    .session
+                    .query_unpaged(
+                        "SELECT table_name FROM system_schema.tables \
+                         WHERE keyspace_name = ? AND table_name = ?",
+                        (ks.as_str(), table),
+                    )
+                    .await
+                    .unwrap()
+                    .into_rows_result()
+                    .unwrap()
+                    .rows_num();
+                assert_eq!(found, 1, "{table}");
+            }
         })
         .await;
 }
@@ -193,11 +247,12 @@ async fn the_migrate_command_applies_once() {
             String::from_utf8_lossy(&first.stderr)
         );
         assert!(stdout.contains("applied 001_initial"), "{stdout}");
+        assert!(stdout.contains("applied 002_history_buckets"), "{stdout}");
         let second = run();
         let stdout = String::from_utf8_lossy(&second.stdout);
         assert!(second.status.success());
         assert!(stdout.contains("nothing to apply"), "{stdout}");
-        assert!(stdout.contains("at schema version 1"), "{stdout}");
+        assert!(stdout.contains("at schema version 2"), "{stdout}");
     })
     .await;
 }
