@@ -10,9 +10,15 @@ use futures::FutureExt;
 use hookline::attempt::ErrorClass;
 use hookline::id::EndpointId;
 use hookline::migrate::{MIGRATIONS, MigrateError, migrate};
+use hookline::retry_policy::DeadReason;
 use hookline::storage::conformance::{self, attempt_row};
-use hookline::storage::scylla::{ScyllaConfig, ScyllaError, ScyllaStore, connect_session};
-use hookline::storage::{AttemptOutcome, DeliveryStore, HistoryQuery};
+use hookline::storage::scylla::{
+    DeadLetter, DeadLetterQuery, ScyllaConfig, ScyllaError, ScyllaStore, connect_session,
+};
+use hookline::storage::{
+    AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, DeliveryStore, HistoryQuery, Page,
+    StoreError,
+};
 use scylla::client::session::Session;
 
 const CQL_ADDR: &str = "127.0.0.1:9042";
@@ -108,20 +114,19 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
         .await
         .run(|c| async move {
             let first = c.migrate().await;
-            assert_eq!(first.applied, [(1, "initial")]);
-            assert_eq!(first.version, 1);
+            assert_eq!(first.applied, [(1, "initial"), (2, "history_buckets")]);
+            assert_eq!(first.version, 2);
             let second = c.migrate().await;
             assert!(second.applied.is_empty(), "second run applies nothing");
-            assert_eq!(second.version, 1);
+            assert_eq!(second.version, 2);
             let ks = &c.config.keyspace;
             let recorded = hookline::migrate::applied_versions(&c.session, ks)
                 .await
                 .unwrap();
-            assert_eq!(recorded.len(), 1);
-            assert_eq!(
-                recorded[0].checksum,
-                hookline::migrate::checksum(MIGRATIONS[0].cql)
-            );
+            assert_eq!(recorded.len(), 2);
+            for (recorded, m) in recorded.iter().zip(MIGRATIONS) {
+                assert_eq!(recorded.checksum, hookline::migrate::checksum(m.cql));
+            }
 
             // A later release migrated this keyspace: this binary must not touch it.
             c.session
@@ -142,7 +147,7 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     err,
                     MigrateError::NewerSchema {
                         database: 999,
-                        binary: 1,
+                        binary: 2,
                         ..
                     }
                 ),
@@ -165,11 +170,66 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
                 err,
                 ScyllaError::SchemaBehind {
                     found: 0,
-                    needed: 1,
+                    needed: 2,
                     ..
                 }
             ));
             assert!(err.to_string().contains("hookline migrate"), "{err}");
+        })
+        .await;
+}
+
+/// A keyspace a release with schema version 1 migrated: this binary refuses it until
+/// `hookline migrate` adds version 2, which leaves version 1's tables in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_keyspace_is_refused_until_upgraded() {
+    cql()
+        .await
+        .run(|c| async move {
+            let ks = &c.config.keyspace;
+            let replication = c.config.replication().unwrap();
+            let old = migrate(&c.session, ks, &replication, &MIGRATIONS[..1])
+                .await
+                .unwrap();
+            assert_eq!(old.version, 1);
+            let err = ScyllaStore::with_session(c.session.clone(), &c.config)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    ScyllaError::SchemaBehind {
+                        found: 1,
+                        needed: 2,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            let upgrade = c.migrate().await;
+            assert_eq!(upgrade.applied, [(2, "history_buckets")]);
+            assert_eq!(upgrade.version, 2);
+            c.store().await;
+            // Version 1's tables stay (their rows expire with their TTL).
+            for table in [
+                "deliveries_by_endpoint",
+                "endpoint_days",
+                "endpoint_buckets",
+            ] {
+                let found = c
+                    .session
+                    .query_unpaged(
+                        "SELECT table_name FROM system_schema.tables \
+                         WHERE keyspace_name = ? AND table_name = ?",
+                        (ks.as_str(), table),
+                    )
+                    .await
+                    .unwrap()
+                    .into_rows_result()
+                    .unwrap()
+                    .rows_num();
+                assert_eq!(found, 1, "{table}");
+            }
         })
         .await;
 }
@@ -193,11 +253,12 @@ async fn the_migrate_command_applies_once() {
             String::from_utf8_lossy(&first.stderr)
         );
         assert!(stdout.contains("applied 001_initial"), "{stdout}");
+        assert!(stdout.contains("applied 002_history_buckets"), "{stdout}");
         let second = run();
         let stdout = String::from_utf8_lossy(&second.stdout);
         assert!(second.status.success());
         assert!(stdout.contains("nothing to apply"), "{stdout}");
-        assert!(stdout.contains("at schema version 1"), "{stdout}");
+        assert!(stdout.contains("at schema version 2"), "{stdout}");
     })
     .await;
 }
@@ -297,7 +358,7 @@ async fn history_paging_is_stable_while_other_tasks_insert() {
             c.migrate().await;
             let store = c.store().await;
             let endpoint = format!("ep_{}", uuid::Uuid::new_v4().simple());
-            // Spread over three day buckets so pages cross bucket boundaries.
+            // An hour apart: every delivery in a bucket of its own, over three days.
             let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
             let mut rows = vec![];
             for i in 0..60u64 {
@@ -375,7 +436,7 @@ async fn history_paging_is_stable_while_other_tasks_insert() {
 }
 
 /// Ten endpoints, each event fanned out to all of them, every attempt logged at once: the rows
-/// of one (endpoint, day) and of one event go in shared batches. Every call that returns `Ok`
+/// of one (endpoint, minute) and of one event go in shared batches. Every call that returns `Ok`
 /// has its history entry and event-index row readable, and callers that go away while their
 /// rows wait or are in flight cost no other caller a row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -451,6 +512,270 @@ async fn index_rows_logged_together_are_durable_and_outlive_dropped_callers() {
                     );
                 }
             }
+        })
+        .await;
+}
+
+/// Every item of a listing, newest first, following its cursors from the first page of at most
+/// `limit` items: only the last page may be short, and paging ends.
+async fn every_page<T, F, Fut>(limit: u32, mut page: F) -> Vec<T>
+where
+    F: FnMut(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = Page<T>>,
+{
+    let mut items = vec![];
+    let mut cursor = None;
+    for _ in 0..200 {
+        let page = page(cursor).await;
+        assert!(page.items.len() <= limit as usize);
+        if page.next_cursor.is_some() {
+            assert_eq!(
+                page.items.len(),
+                limit as usize,
+                "only the last page is short"
+            );
+        }
+        items.extend(page.items);
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return items;
+        }
+    }
+    panic!("paging does not terminate");
+}
+
+/// `row` made an attempt that dead-lettered on HTTP `status`.
+fn dead_lettered(mut row: AttemptRow, status: u16, reason: DeadReason) -> AttemptRow {
+    row.status = Some(status);
+    row.error_class = Some(ErrorClass::HttpStatus);
+    row.outcome = AttemptOutcome::Dead { reason };
+    row
+}
+
+/// Deliveries spread over many one-minute buckets (a dense one, sparse ones, empty minutes in
+/// between, ties within a millisecond, retries logged in later buckets): paging with a small
+/// limit lists each delivery once, at its first attempt, newest first, with no gap, and
+/// `since`, `status` and a schema-1 cursor behave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_pages_cross_buckets_in_order() {
+    cql()
+        .await
+        .run(|c| async move {
+            c.migrate().await;
+            let store = c.store().await;
+            let endpoint = format!("ep_{}", uuid::Uuid::new_v4().simple());
+            let ep = EndpointId::parse(&endpoint).unwrap();
+            // The start of a minute (1_800_000_000 s is one).
+            let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+            let minute = Duration::from_secs(60);
+            let mut starts = vec![];
+            // Minute 0: dense, more entries than several requests' worth (a page of 3 reads 8
+            // entries per request), two in each millisecond.
+            let dense: usize = 30;
+            for i in 0..dense as u64 {
+                starts.push(t0 + Duration::from_millis(i / 2 * 997));
+            }
+            // Minutes 1..=12: a few each, on both edges of the minute.
+            for m in 1..=12u32 {
+                starts.push(t0 + minute * m);
+                starts.push(t0 + minute * m + Duration::from_millis(25_000));
+                starts.push(t0 + minute * (m + 1) - Duration::from_millis(1));
+            }
+            // Then single entries with empty minutes between them.
+            for k in 0..6u32 {
+                starts.push(t0 + minute * (20 + 7 * k) + Duration::from_secs(30));
+            }
+            let mut rows = vec![];
+            for (i, started_at) in starts.iter().enumerate() {
+                let mut row = attempt_row(&format!("evt_b{i}_{endpoint}"), &endpoint, 1);
+                row.started_at = *started_at;
+                if i % 4 == 0 {
+                    row = dead_lettered(row, 404, DeadReason::HttpStatus);
+                } else {
+                    row.status = Some(503);
+                    row.error_class = Some(ErrorClass::HttpStatus);
+                    row.outcome = AttemptOutcome::RetryScheduled {
+                        next_attempt_at: *started_at + minute,
+                    };
+                }
+                rows.push(row);
+            }
+            // Retries, not listed a second time: of every delivery of the dense minute, within
+            // it (so a page of it skips many entries and needs several requests), and of some
+            // others, in later buckets.
+            let retries: Vec<_> = rows
+                .iter()
+                .enumerate()
+                .filter(|(i, r)| {
+                    !matches!(r.outcome, AttemptOutcome::Dead { .. }) && (*i < dense || i % 5 == 0)
+                })
+                .map(|(i, r)| {
+                    let mut retry = r.clone();
+                    retry.attempt = 2;
+                    retry.started_at = if i < dense {
+                        r.started_at + Duration::from_secs(20)
+                    } else {
+                        r.started_at + minute * 3 + Duration::from_millis(7)
+                    };
+                    retry.status = Some(200);
+                    retry.error_class = None;
+                    retry.outcome = AttemptOutcome::Succeeded;
+                    retry
+                })
+                .collect();
+            futures::future::try_join_all(
+                rows.iter().chain(&retries).map(|r| store.record_attempt(r)),
+            )
+            .await
+            .unwrap();
+
+            // Newest first; ties in a millisecond by delivery id, as CQL orders them.
+            let mut by_time: Vec<_> = rows.iter().collect();
+            by_time.sort_by(|a, b| {
+                (b.started_at, b.delivery_id.as_str()).cmp(&(a.started_at, a.delivery_id.as_str()))
+            });
+            let expected = |keep: &dyn Fn(&&AttemptRow) -> bool| -> Vec<_> {
+                by_time
+                    .iter()
+                    .filter(|r| keep(r))
+                    .map(|r| r.delivery_id.clone())
+                    .collect()
+            };
+            let page_through = |query: HistoryQuery| {
+                let (store, ep) = (&store, &ep);
+                every_page(query.limit, move |cursor| {
+                    let query = HistoryQuery {
+                        cursor,
+                        ..query.clone()
+                    };
+                    async move { store.endpoint_deliveries(ep, &query).await.unwrap() }
+                })
+            };
+            let ids = |states: Vec<DeliveryState>| -> Vec<_> {
+                states.into_iter().map(|s| s.delivery_id).collect()
+            };
+
+            let all = page_through(HistoryQuery {
+                limit: 3,
+                ..Default::default()
+            })
+            .await;
+            assert_eq!(
+                ids(all),
+                expected(&|_| true),
+                "every delivery once, newest first"
+            );
+
+            // `since` in the middle of minute 5: its bucket is cut, older ones are not read.
+            let since = t0 + minute * 5 + Duration::from_millis(25_000);
+            let recent = page_through(HistoryQuery {
+                limit: 4,
+                since: Some(since),
+                ..Default::default()
+            })
+            .await;
+            assert_eq!(ids(recent), expected(&|r| r.started_at >= since), "since");
+
+            let dead = page_through(HistoryQuery {
+                limit: 2,
+                status: Some(DeliveryStatus::Dead),
+                ..Default::default()
+            })
+            .await;
+            assert_eq!(
+                ids(dead),
+                expected(&|r| matches!(r.outcome, AttemptOutcome::Dead { .. })),
+                "status filter"
+            );
+
+            // A cursor of schema version 1 (day.at_ms.delivery_id) is refused, not misread.
+            let old = format!("20833.1800000000000.{}", rows[0].delivery_id);
+            let err = store
+                .endpoint_deliveries(
+                    &ep,
+                    &HistoryQuery {
+                        limit: 3,
+                        cursor: Some(old),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap_err();
+            assert!(matches!(err, StoreError::BadCursor), "{err}");
+        })
+        .await;
+}
+
+/// Dead letters over several buckets page newest first, completely, from a cursor; `since`
+/// bounds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_page_across_buckets() {
+    cql()
+        .await
+        .run(|c| async move {
+            c.migrate().await;
+            let store = c.store().await;
+            let endpoint = format!("ep_{}", uuid::Uuid::new_v4().simple());
+            let ep = EndpointId::parse(&endpoint).unwrap();
+            let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+            let mut rows = vec![];
+            for i in 0..17u64 {
+                let mut row = attempt_row(&format!("evt_d{i}_{endpoint}"), &endpoint, 3);
+                // 17 s apart: one to four in a minute, over five minutes.
+                row.started_at = t0 + Duration::from_secs(i * 17);
+                rows.push(dead_lettered(row, 410, DeadReason::Gone));
+            }
+            // Attempts that did not dead-letter are not dead letters.
+            let mut alive = attempt_row(&format!("evt_ok_{endpoint}"), &endpoint, 1);
+            alive.started_at = t0 + Duration::from_secs(30);
+            futures::future::try_join_all(
+                rows.iter().chain([&alive]).map(|r| store.record_attempt(r)),
+            )
+            .await
+            .unwrap();
+
+            let list = |since: Option<SystemTime>| {
+                let (store, ep) = (&store, &ep);
+                every_page(4, move |cursor| {
+                    let query = DeadLetterQuery {
+                        limit: 4,
+                        cursor,
+                        since,
+                    };
+                    async move { store.dead_letters(ep, &query).await.unwrap() }
+                })
+            };
+            let ids = |letters: &[DeadLetter]| -> Vec<_> {
+                letters.iter().map(|d| d.delivery_id.clone()).collect()
+            };
+            let newest_first = |since: SystemTime| -> Vec<_> {
+                rows.iter()
+                    .rev()
+                    .filter(|r| r.started_at >= since)
+                    .map(|r| r.delivery_id.clone())
+                    .collect()
+            };
+            let all = list(None).await;
+            assert_eq!(ids(&all), newest_first(t0));
+            let newest = &all[0];
+            let row = rows.last().unwrap();
+            assert_eq!(newest.dead_at, row.started_at);
+            assert_eq!(newest.event_id, row.event_id);
+            assert_eq!(newest.attempt, 3);
+            assert_eq!(newest.reason, DeadReason::Gone);
+            assert_eq!(newest.last_status, Some(410));
+
+            let since = t0 + Duration::from_secs(100);
+            assert_eq!(ids(&list(Some(since)).await), newest_first(since));
+            let bad = DeadLetterQuery {
+                limit: 4,
+                cursor: Some("not a cursor".into()),
+                ..Default::default()
+            };
+            assert!(matches!(
+                store.dead_letters(&ep, &bad).await,
+                Err(StoreError::BadCursor)
+            ));
         })
         .await;
 }

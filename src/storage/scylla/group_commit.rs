@@ -3,7 +3,7 @@
 //!
 //! A CQL node's cost of a write follows the mutations it applies, not the requests it answers,
 //! and a batch whose rows share one partition is one mutation (one commit-log entry, one
-//! memtable update). So the history rows of one (endpoint, day), or the event-index rows of one
+//! memtable update). So the history rows of one (endpoint, minute), or the event-index rows of one
 //! event, cost about one write however many go together. Batches spanning partitions gain
 //! nothing: the coordinator splits them per partition.
 //!

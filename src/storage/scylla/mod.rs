@@ -7,13 +7,15 @@
 //! is in flight, never while a caller waits for a batch written by another task, so callers
 //! cannot hold every permit while the batches they wait for need one.
 //!
-//! One attempt = 3 to 5 rows written concurrently (attempt row, history entry, event index, the
-//! endpoint's day index when not written recently, the dead letter when the attempt
-//! dead-lettered); `record_attempt` returns `Ok` only when all are durable. The attempt row and
-//! the day index are plain writes. History entries, event-index rows and dead letters go
-//! through [`group_commit`]: rows of one partition (an endpoint's day, an event) that arrive
-//! while a write to it is in flight go together as one single-partition unlogged batch, which
-//! the server applies as one mutation, so under load an index row costs a fraction of a write.
+//! One attempt = 3 to 6 rows written concurrently (attempt row, history entry, event index, the
+//! dead letter when the attempt dead-lettered, and the endpoint's bucket-index rows for the
+//! entry's and the dead letter's bucket when this process has not written them yet,
+//! [`bucket_index`]);
+//! `record_attempt` returns `Ok` only when all are durable. The attempt row and the bucket index
+//! are plain writes. History entries, event-index rows and dead letters go through
+//! [`group_commit`]: rows of one partition (an endpoint's minute, an event) that arrive while a
+//! write to it is in flight go together as one single-partition unlogged batch, which the server
+//! applies as one mutation, so under load an index row costs a fraction of a write.
 //! Every write is a blind, idempotent insert, so the pipeline can simply retry a failed
 //! `record_attempt`.
 //!
@@ -29,11 +31,18 @@
 //! `timestamp`); logging the exact same attempt twice stores it once; two attempts started in
 //! the same millisecond are ordered by attempt number rather than by logging order.
 //!
-//! History pages walk an endpoint's day buckets newest first (`endpoint_days` lists the
-//! non-empty ones). Each history entry is checked against the delivery's state (one point read
-//! per distinct delivery on the page) and kept only if it is the delivery's first attempt;
-//! `status` is filtered the same way, client-side. A page reads at most [`MAX_SCANNED`] entries:
-//! a rare status over a long history may come back short, with a cursor to continue from.
+//! An endpoint's history and dead letters are partitioned by (endpoint, minute)
+//! ([`row::BUCKET_MS`], schema version 2), so one endpoint at 1,000 deliveries/s makes
+//! partitions of 60,000 rows instead of one of 86 million a day. The day-partitioned tables of
+//! schema version 1 are no longer written or read; their rows expire with their TTL. Readers
+//! walk the non-empty buckets that `endpoint_buckets` lists, newest first, reading several
+//! buckets at once (a sparse endpoint's page spans many buckets with a few rows each) and
+//! stopping as soon as the page is full ([`BucketWalk`]).
+//!
+//! Each history entry is checked against the delivery's state (one point read per distinct
+//! delivery on the page) and kept only if it is the delivery's first attempt; `status` is
+//! filtered the same way, client-side. A page reads at most [`MAX_SCANNED`] entries: a rare
+//! status over a long history may come back short, with a cursor to continue from.
 //!
 //! When the cluster is unreachable every call fails with [`StoreError::Unavailable`] after at
 //! most `write_timeout` per request it waits for (an index row may first wait for the batch of
@@ -43,18 +52,21 @@
 //! answer yet ([`startup`]) and refuses at once a keyspace that `hookline migrate` has not
 //! brought to this binary's schema.
 
+mod bucket_index;
 mod config;
 mod group_commit;
 mod row;
 pub mod startup;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::pager::TypedRowStream;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::errors::{
@@ -62,6 +74,7 @@ use scylla::errors::{
 };
 use scylla::frame::types::Consistency;
 use scylla::policies::load_balancing::DefaultPolicy;
+use scylla::response::PagingState;
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchStatement, BatchType};
 use scylla::statement::prepared::PreparedStatement;
@@ -70,13 +83,14 @@ use scylla::{DeserializeRow, SerializeRow};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use bucket_index::WrittenBuckets;
 use group_commit::{BatchWrite, GroupCommit, PartitionRow};
 
 pub use config::{
     ConfigError, MAX_CQL_TTL, MAX_NODES, MAX_STARTUP_WAIT, Replication, ScyllaConfig,
     valid_keyspace,
 };
-use row::{HistoryKey, day_of, from_cql, to_cql};
+use row::{BucketKey, BucketKind, bucket_of, from_cql, to_cql};
 
 use super::{
     AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, DeliveryStore, HistoryQuery,
@@ -98,13 +112,14 @@ pub const MAX_REPLAYS_READ: u32 = 1_000;
 const RESOLVE_CHUNK: usize = 64;
 /// Point reads in flight for one history page or event listing.
 const READ_FAN_OUT: usize = 16;
-/// An endpoint's day index is rewritten at most this often per (endpoint, day) and process;
-/// its TTL is [`DAY_INDEX_SLACK`] longer than the entries' so it outlives every entry written
-/// while the cached write is trusted.
-const DAY_INDEX_REFRESH: Duration = Duration::from_secs(86_400);
-const DAY_INDEX_SLACK: Duration = Duration::from_secs(2 * 86_400);
-/// Bound on the cache of recently written (endpoint, day) pairs.
-const DAY_CACHE_CAPACITY: usize = 65_536;
+/// Most buckets one round of a [`BucketWalk`] reads at once.
+const MAX_BUCKETS_IN_FLIGHT: usize = 8;
+/// Rows per page of an endpoint's bucket listing: a round takes at most
+/// [`MAX_BUCKETS_IN_FLIGHT`] of them, so a larger page would mostly be read for nothing.
+const BUCKET_LIST_PAGE: i32 = 64;
+/// Fewest history entries resolved together once they could complete a page: resolving the
+/// last few entries of a page one by one would be a round trip each.
+const RESOLVE_MIN: usize = 8;
 /// The partition of `recent_replays`.
 const REPLAY_FEED: &str = "all";
 
@@ -199,19 +214,20 @@ pub async fn connect_session(config: &ScyllaConfig) -> Result<Session, ScyllaErr
 struct Statements {
     insert_attempt: PreparedStatement,
     insert_history: PreparedStatement,
-    insert_day: PreparedStatement,
+    insert_bucket: PreparedStatement,
     insert_by_event: PreparedStatement,
     insert_dead: PreparedStatement,
     insert_replay: PreparedStatement,
     insert_recent_replay: PreparedStatement,
     select_attempts: PreparedStatement,
     select_state: PreparedStatement,
-    select_days: PreparedStatement,
+    select_buckets: PreparedStatement,
     select_history: PreparedStatement,
     select_history_before: PreparedStatement,
     select_by_event: PreparedStatement,
     select_recent_replays: PreparedStatement,
     select_dead: PreparedStatement,
+    select_dead_before: PreparedStatement,
 }
 
 impl Statements {
@@ -238,12 +254,13 @@ impl Statements {
             ))
             .await?,
             insert_history: p(format!(
-                "INSERT INTO {ks}.deliveries_by_endpoint (endpoint_id, day, at, delivery_id) \
-                 VALUES (:endpoint_id, :day, :at, :delivery_id) USING TTL :ttl"
+                "INSERT INTO {ks}.deliveries_by_endpoint_bucket (endpoint_id, bucket, at, \
+                 delivery_id) VALUES (:endpoint_id, :bucket, :at, :delivery_id) USING TTL :ttl"
             ))
             .await?,
-            insert_day: p(format!(
-                "INSERT INTO {ks}.endpoint_days (endpoint_id, day) VALUES (?, ?) USING TTL ?"
+            insert_bucket: p(format!(
+                "INSERT INTO {ks}.endpoint_buckets (endpoint_id, kind, bucket) VALUES (?, ?, ?) \
+                 USING TTL ?"
             ))
             .await?,
             insert_by_event: p(format!(
@@ -252,9 +269,9 @@ impl Statements {
             ))
             .await?,
             insert_dead: p(format!(
-                "INSERT INTO {ks}.dead_letters_by_endpoint (endpoint_id, day, dead_at, \
+                "INSERT INTO {ks}.dead_letters_by_endpoint_bucket (endpoint_id, bucket, dead_at, \
                  delivery_id, event_id, tenant, event_type, attempt, reason, last_status) \
-                 VALUES (:endpoint_id, :day, :dead_at, :delivery_id, :event_id, :tenant, \
+                 VALUES (:endpoint_id, :bucket, :dead_at, :delivery_id, :event_id, :tenant, \
                  :event_type, :attempt, :reason, :last_status) USING TTL :ttl"
             ))
             .await?,
@@ -283,18 +300,23 @@ impl Statements {
                  FROM {ks}.attempts_by_delivery WHERE delivery_id = ?"
             ))
             .await?,
-            select_days: p(format!(
-                "SELECT day FROM {ks}.endpoint_days WHERE endpoint_id = ? AND day >= ? AND day <= ?"
-            ))
-            .await?,
+            select_buckets: {
+                let mut st = p(format!(
+                    "SELECT bucket FROM {ks}.endpoint_buckets WHERE endpoint_id = ? AND kind = ? \
+                     AND bucket >= ? AND bucket <= ?"
+                ))
+                .await?;
+                st.set_page_size(BUCKET_LIST_PAGE);
+                st
+            },
             select_history: p(format!(
-                "SELECT at, delivery_id FROM {ks}.deliveries_by_endpoint \
-                 WHERE endpoint_id = ? AND day = ?"
+                "SELECT at, delivery_id FROM {ks}.deliveries_by_endpoint_bucket \
+                 WHERE endpoint_id = ? AND bucket = ?"
             ))
             .await?,
             select_history_before: p(format!(
-                "SELECT at, delivery_id FROM {ks}.deliveries_by_endpoint \
-                 WHERE endpoint_id = ? AND day = ? AND (at, delivery_id) < (?, ?)"
+                "SELECT at, delivery_id FROM {ks}.deliveries_by_endpoint_bucket \
+                 WHERE endpoint_id = ? AND bucket = ? AND (at, delivery_id) < (?, ?)"
             ))
             .await?,
             select_by_event: p(format!(
@@ -308,8 +330,14 @@ impl Statements {
             .await?,
             select_dead: p(format!(
                 "SELECT dead_at, delivery_id, event_id, tenant, event_type, attempt, reason, \
-                 last_status FROM {ks}.dead_letters_by_endpoint \
-                 WHERE endpoint_id = ? AND day = ? LIMIT ?"
+                 last_status FROM {ks}.dead_letters_by_endpoint_bucket \
+                 WHERE endpoint_id = ? AND bucket = ?"
+            ))
+            .await?,
+            select_dead_before: p(format!(
+                "SELECT dead_at, delivery_id, event_id, tenant, event_type, attempt, reason, \
+                 last_status FROM {ks}.dead_letters_by_endpoint_bucket \
+                 WHERE endpoint_id = ? AND bucket = ? AND (dead_at, delivery_id) < (?, ?)"
             ))
             .await?,
         })
@@ -325,10 +353,10 @@ pub struct ScyllaStore {
     by_event: GroupCommit<EventIndexRow>,
     dead_letters: GroupCommit<DeadLetterRow>,
     attempt_ttl: i32,
-    day_index_ttl: i32,
+    bucket_index_ttl: i32,
     audit_ttl: i32,
-    /// (endpoint, day) pairs whose day-index row this process wrote recently.
-    days_written: Mutex<HashMap<(EndpointId, i32), Instant>>,
+    /// The `endpoint_buckets` rows this process wrote recently.
+    buckets_written: WrittenBuckets,
 }
 
 impl std::fmt::Debug for ScyllaStore {
@@ -338,6 +366,17 @@ impl std::fmt::Debug for ScyllaStore {
             .field("available_permits", &self.permits.available_permits())
             .finish_non_exhaustive()
     }
+}
+
+/// Which dead letters [`ScyllaStore::dead_letters`] lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadLetterQuery {
+    /// Page size, clamped to 1..=[`MAX_PAGE`].
+    pub limit: u32,
+    /// The `next_cursor` of the previous page: the page goes on after it.
+    pub cursor: Option<String>,
+    /// Only dead letters from this time on.
+    pub since: Option<SystemTime>,
 }
 
 /// One dead letter, as listed by [`ScyllaStore::dead_letters`].
@@ -386,20 +425,20 @@ struct AttemptValues<'a> {
 /// sizes a batch.
 const CELL_OVERHEAD: usize = 16;
 
-/// A `deliveries_by_endpoint` entry; partition (endpoint, day).
+/// A `deliveries_by_endpoint_bucket` entry; partition (endpoint, bucket).
 #[derive(SerializeRow)]
 struct HistoryRow {
     endpoint_id: String,
-    day: i32,
+    bucket: CqlTimestamp,
     at: CqlTimestamp,
     delivery_id: String,
     ttl: i32,
 }
 
 impl PartitionRow for HistoryRow {
-    type Key = (String, i32);
-    fn partition(&self) -> (String, i32) {
-        (self.endpoint_id.clone(), self.day)
+    type Key = (String, CqlTimestamp);
+    fn partition(&self) -> (String, CqlTimestamp) {
+        (self.endpoint_id.clone(), self.bucket)
     }
     fn size(&self) -> usize {
         8 + self.delivery_id.len() + CELL_OVERHEAD
@@ -425,11 +464,11 @@ impl PartitionRow for EventIndexRow {
     }
 }
 
-/// A `dead_letters_by_endpoint` row; partition (endpoint, day).
+/// A `dead_letters_by_endpoint_bucket` row; partition (endpoint, bucket).
 #[derive(SerializeRow)]
 struct DeadLetterRow {
     endpoint_id: String,
-    day: i32,
+    bucket: CqlTimestamp,
     dead_at: CqlTimestamp,
     delivery_id: String,
     event_id: String,
@@ -442,9 +481,9 @@ struct DeadLetterRow {
 }
 
 impl PartitionRow for DeadLetterRow {
-    type Key = (String, i32);
-    fn partition(&self) -> (String, i32) {
-        (self.endpoint_id.clone(), self.day)
+    type Key = (String, CqlTimestamp);
+    fn partition(&self) -> (String, CqlTimestamp) {
+        (self.endpoint_id.clone(), self.bucket)
     }
     fn size(&self) -> usize {
         8 + self.delivery_id.len()
@@ -706,8 +745,8 @@ impl ScyllaStore {
         }
         let st = Statements::prepare(&session, ks).await?;
         let attempt_ttl = config.attempt_ttl_secs();
-        let day_index_ttl = i32::try_from(
-            (config.attempt_ttl + DAY_INDEX_SLACK)
+        let bucket_index_ttl = i32::try_from(
+            (config.attempt_ttl + bucket_index::SLACK)
                 .min(MAX_CQL_TTL)
                 .as_secs(),
         )
@@ -725,9 +764,9 @@ impl ScyllaStore {
             st,
             permits,
             attempt_ttl,
-            day_index_ttl,
+            bucket_index_ttl,
             audit_ttl: config.audit_ttl_secs(),
-            days_written: Mutex::new(HashMap::new()),
+            buckets_written: WrittenBuckets::default(),
         })
     }
 
@@ -736,49 +775,41 @@ impl ScyllaStore {
         &self.session
     }
 
-    /// An endpoint's dead letters of one UTC day, newest first, at most `limit` (1..=500).
+    /// An endpoint's dead letters, newest first, a page of at most `query.limit` (1..=500);
+    /// pass a page's `next_cursor` back for the page after it.
     pub async fn dead_letters(
         &self,
         endpoint: &EndpointId,
-        day: SystemTime,
-        limit: u32,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        let limit = i32::try_from(limit.clamp(1, MAX_PAGE)).unwrap_or(1);
-        let _permit = self.permit().await?;
-        let result = self
-            .session
-            .execute_unpaged(
-                &self.st.select_dead,
-                (endpoint.as_str(), day_of(to_cql(day)), limit),
-            )
-            .await
-            .map_err(exec_error)?;
-        let rows = result
-            .into_rows_result()
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
-        let mut out = Vec::new();
-        for r in rows
-            .rows::<DeadCols>()
-            .map_err(|e| StoreError::Backend(e.to_string()))?
-        {
-            let r = r.map_err(|e| StoreError::Backend(e.to_string()))?;
-            let bad = || corrupt("dead letter", &r.delivery_id);
-            out.push(DeadLetter {
-                dead_at: from_cql(r.dead_at),
-                delivery_id: DeliveryId::parse(r.delivery_id.as_str()).map_err(|_| bad())?,
-                event_id: EventId::parse(r.event_id.clone().ok_or_else(bad)?).map_err(|_| bad())?,
-                tenant: Tenant::parse(r.tenant.clone().ok_or_else(bad)?).map_err(|_| bad())?,
-                event_type: r.event_type.clone().unwrap_or_default(),
-                attempt: r.attempt.and_then(|a| u32::try_from(a).ok()).unwrap_or(0),
-                reason: r
-                    .reason
-                    .as_deref()
-                    .and_then(DeadReason::parse)
-                    .ok_or_else(bad)?,
-                last_status: status_from_col(r.last_status),
-            });
+        query: &DeadLetterQuery,
+    ) -> Result<Page<DeadLetter>, StoreError> {
+        let limit = query.limit.clamp(1, MAX_PAGE) as usize;
+        let cursor = query.cursor.as_deref().map(BucketKey::decode).transpose()?;
+        let since = query.since.map(to_cql);
+        let mut walk = self
+            .walk::<DeadCols>(endpoint, BucketKind::Dead, limit + 1, cursor, since)
+            .await?;
+        let mut found: Vec<(BucketKey, DeadLetter)> = Vec::new();
+        'walk: while found.len() <= limit {
+            let Some(rows) = walk.next_page(limit + 1 - found.len()).await? else {
+                break;
+            };
+            for r in rows {
+                if since.is_some_and(|s| r.dead_at < s) {
+                    break 'walk;
+                }
+                let letter = dead_letter_from_cols(r)?;
+                let key = BucketKey::new(to_cql(letter.dead_at), letter.delivery_id.clone());
+                found.push((key, letter));
+                if found.len() > limit {
+                    break 'walk;
+                }
+            }
         }
-        Ok(out)
+        let next_cursor = trim_to_page(&mut found, limit);
+        Ok(Page {
+            items: found.into_iter().map(|(_, d)| d).collect(),
+            next_cursor,
+        })
     }
 
     /// One of the `max_concurrent_writes` request slots, held while one request is in flight.
@@ -801,23 +832,6 @@ impl ScyllaStore {
             .await
             .map(|_| ())
             .map_err(exec_error)
-    }
-
-    /// Whether this (endpoint, day) still needs its day-index row written by this process.
-    fn day_needs_write(&self, endpoint: &EndpointId, day: i32) -> bool {
-        let cache = self.days_written.lock().unwrap_or_else(|e| e.into_inner());
-        cache
-            .get(&(endpoint.clone(), day))
-            .is_none_or(|at| at.elapsed() >= DAY_INDEX_REFRESH)
-    }
-
-    fn day_written(&self, endpoint: &EndpointId, day: i32, at: Instant) {
-        let mut cache = self.days_written.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= DAY_CACHE_CAPACITY {
-            // Forgetting only costs a redundant idempotent write per pair.
-            cache.clear();
-        }
-        cache.insert((endpoint.clone(), day), at);
     }
 
     /// A delivery's state, derived from its attempt rows: the count of rows is the attempt
@@ -851,27 +865,53 @@ impl ScyllaStore {
         }
     }
 
-    /// An endpoint's non-empty day buckets in `min..=max`, newest first.
-    async fn history_days(
-        &self,
-        endpoint: &EndpointId,
-        min: i32,
-        max: i32,
-    ) -> Result<Vec<i32>, StoreError> {
-        let _permit = self.permit().await?;
-        let mut stream = self
-            .session
-            .execute_iter(self.st.select_days.clone(), (endpoint.as_str(), min, max))
-            .await
-            .map_err(pager_error)?
-            .rows_stream::<(i32,)>()
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
-        let mut days = Vec::new();
-        // CQL's TTL limit bounds the number of days with rows to about 7300.
-        while let Some(row) = stream.next().await {
-            days.push(row.map_err(row_error)?.0);
+    /// A walk over `endpoint`'s rows of one bucketed table, newest first: from before `cursor`
+    /// (when given) back to the bucket of `since` (when given), `page_rows` rows per request.
+    async fn walk<'s, R>(
+        &'s self,
+        endpoint: &'s EndpointId,
+        kind: BucketKind,
+        page_rows: usize,
+        cursor: Option<BucketKey>,
+        since: Option<CqlTimestamp>,
+    ) -> Result<BucketWalk<'s, R>, StoreError> {
+        let newest = cursor.as_ref().map_or(CqlTimestamp(i64::MAX), |c| c.bucket);
+        let oldest = since.map_or(CqlTimestamp(i64::MIN), bucket_of);
+        let buckets = {
+            let _permit = self.permit().await?;
+            self.session
+                .execute_iter(
+                    self.st.select_buckets.clone(),
+                    (endpoint.as_str(), kind.as_str(), oldest, newest),
+                )
+                .await
+                .map_err(pager_error)?
         }
-        Ok(days)
+        .rows_stream::<(CqlTimestamp,)>()
+        .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let page_rows = i32::try_from(page_rows.max(1)).unwrap_or(i32::MAX);
+        let (all, before) = match kind {
+            BucketKind::History => (&self.st.select_history, &self.st.select_history_before),
+            BucketKind::Dead => (&self.st.select_dead, &self.st.select_dead_before),
+        };
+        let (mut all, mut before) = (all.clone(), before.clone());
+        all.set_page_size(page_rows);
+        before.set_page_size(page_rows);
+        Ok(BucketWalk {
+            reader: BucketReader {
+                store: self,
+                endpoint: endpoint.as_str(),
+                all,
+                before,
+                cursor,
+            },
+            buckets,
+            listed_all: false,
+            ready: VecDeque::new(),
+            rest: None,
+            buckets_read: 0,
+            rows_read: 0,
+        })
     }
 
     /// Resolves a run of history entries against delivery state, appending the entries that are
@@ -880,9 +920,9 @@ impl ScyllaStore {
         &self,
         endpoint: &EndpointId,
         status: Option<DeliveryStatus>,
-        batch: &mut Vec<HistoryKey>,
+        batch: &mut Vec<BucketKey>,
         states: &mut HashMap<DeliveryId, Option<DeliveryState>>,
-        found: &mut Vec<(HistoryKey, DeliveryState)>,
+        found: &mut Vec<(BucketKey, DeliveryState)>,
     ) -> Result<(), StoreError> {
         let mut missing: Vec<DeliveryId> = batch
             .iter()
@@ -911,6 +951,178 @@ impl ScyllaStore {
         }
         Ok(())
     }
+}
+
+/// One request's worth of one bucket's rows, newest first.
+struct BucketPage<R> {
+    bucket: CqlTimestamp,
+    rows: Vec<R>,
+    /// Where the bucket goes on, when this page did not reach its end.
+    more: Option<PagingState>,
+}
+
+/// Reads pages of an endpoint's buckets of one table, each request under one permit.
+struct BucketReader<'s> {
+    store: &'s ScyllaStore,
+    endpoint: &'s str,
+    /// The table's query for a whole bucket.
+    all: PreparedStatement,
+    /// The table's query for a bucket's rows before a position.
+    before: PreparedStatement,
+    /// Only rows before this position (older, or as old with a smaller delivery id) are read.
+    cursor: Option<BucketKey>,
+}
+
+impl BucketReader<'_> {
+    async fn page<R>(
+        &self,
+        bucket: CqlTimestamp,
+        from: PagingState,
+    ) -> Result<BucketPage<R>, StoreError>
+    where
+        R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm>,
+    {
+        let session = &self.store.session;
+        let _permit = self.store.permit().await?;
+        let (result, paging) = match &self.cursor {
+            Some(c) if c.bucket == bucket => {
+                let values = (self.endpoint, bucket, c.at, c.delivery_id.as_str());
+                session
+                    .execute_single_page(&self.before, values, from)
+                    .await
+            }
+            _ => {
+                session
+                    .execute_single_page(&self.all, (self.endpoint, bucket), from)
+                    .await
+            }
+        }
+        .map_err(exec_error)?;
+        let backend = |e: &dyn std::fmt::Display| StoreError::Backend(e.to_string());
+        let rows = result
+            .into_rows_result()
+            .map_err(|e| backend(&e))?
+            .rows::<R>()
+            .map_err(|e| backend(&e))?
+            .collect::<Result<Vec<R>, _>>()
+            .map_err(|e| backend(&e))?;
+        let more = match paging.into_paging_control_flow() {
+            ControlFlow::Continue(state) => Some(state),
+            ControlFlow::Break(()) => None,
+        };
+        Ok(BucketPage { bucket, rows, more })
+    }
+}
+
+/// Walks an endpoint's non-empty buckets of one table (as `endpoint_buckets` lists them)
+/// newest first, and hands out their rows a page at a time, in order: newest bucket first,
+/// each bucket's rows newest first.
+///
+/// Buckets are read in rounds of several at once: a sparse endpoint's page spans many buckets
+/// with a few rows each, and reading them one after the other would cost a round trip per
+/// bucket. A round reads as many buckets as the rows per bucket seen so far suggest the caller
+/// still wants ([`round_width`]), so a busy endpoint, whose first bucket alone usually fills
+/// the page, costs no reads it does not use.
+/// A bucket whose first page did not reach its end is continued page by page before the next
+/// bucket is handed out. Nothing is left in flight between calls, so a caller doing other reads
+/// between pages never waits for a permit held by a read nobody polls.
+struct BucketWalk<'s, R> {
+    reader: BucketReader<'s>,
+    /// The listing of non-empty buckets, newest first.
+    buckets: TypedRowStream<(CqlTimestamp,)>,
+    listed_all: bool,
+    /// Pages read but not handed out yet, in order.
+    ready: VecDeque<BucketPage<R>>,
+    /// The bucket handed out last, when it has more pages: they come before `ready`.
+    rest: Option<(CqlTimestamp, PagingState)>,
+    buckets_read: usize,
+    rows_read: usize,
+}
+
+impl<R> BucketWalk<'_, R>
+where
+    R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm>,
+{
+    /// The next page's rows, `None` at the end. `wanted` is how many more rows the caller
+    /// expects to need; it only sizes the next round of reads.
+    async fn next_page(&mut self, wanted: usize) -> Result<Option<Vec<R>>, StoreError> {
+        let page = if let Some((bucket, from)) = self.rest.take() {
+            Some(self.reader.page(bucket, from).await?)
+        } else {
+            if self.ready.is_empty() {
+                self.read_round(wanted).await?;
+            }
+            self.ready.pop_front()
+        };
+        Ok(page.map(|page| {
+            if let Some(from) = page.more {
+                self.rest = Some((page.bucket, from));
+            }
+            page.rows
+        }))
+    }
+
+    async fn read_round(&mut self, wanted: usize) -> Result<(), StoreError> {
+        let width = round_width(wanted, self.buckets_read, self.rows_read);
+        let mut buckets = Vec::with_capacity(width);
+        while buckets.len() < width && !self.listed_all {
+            match self.buckets.next().await {
+                Some(row) => buckets.push(row.map_err(row_error)?.0),
+                None => self.listed_all = true,
+            }
+        }
+        let reader = &self.reader;
+        let pages = futures::future::try_join_all(
+            buckets
+                .into_iter()
+                .map(|bucket| reader.page::<R>(bucket, PagingState::start())),
+        )
+        .await?;
+        self.buckets_read += pages.len();
+        self.rows_read += pages.iter().map(|p| p.rows.len()).sum::<usize>();
+        self.ready.extend(pages);
+        Ok(())
+    }
+}
+
+/// How many buckets a [`BucketWalk`] round reads: enough for `wanted` rows at the rows per
+/// bucket read so far, one in the first round (nothing is known yet, and a busy endpoint's
+/// newest bucket alone usually fills a page), at most [`MAX_BUCKETS_IN_FLIGHT`].
+fn round_width(wanted: usize, buckets_read: usize, rows_read: usize) -> usize {
+    match rows_read.checked_div(buckets_read) {
+        None => 1,
+        Some(per_bucket) => wanted
+            .div_ceil(per_bucket.max(1))
+            .clamp(1, MAX_BUCKETS_IN_FLIGHT),
+    }
+}
+
+/// Cuts a listing that found one item more than `limit` back to `limit` and returns the cursor
+/// of its last item (the extra item proves there is a next page); `None` for a last page.
+fn trim_to_page<T>(found: &mut Vec<(BucketKey, T)>, limit: usize) -> Option<String> {
+    if found.len() <= limit {
+        return None;
+    }
+    found.truncate(limit);
+    found.last().map(|(key, _)| key.encode())
+}
+
+fn dead_letter_from_cols(r: DeadCols) -> Result<DeadLetter, StoreError> {
+    let bad = || corrupt("dead letter", &r.delivery_id);
+    Ok(DeadLetter {
+        dead_at: from_cql(r.dead_at),
+        delivery_id: DeliveryId::parse(r.delivery_id.as_str()).map_err(|_| bad())?,
+        event_id: EventId::parse(r.event_id.clone().ok_or_else(bad)?).map_err(|_| bad())?,
+        tenant: Tenant::parse(r.tenant.clone().ok_or_else(bad)?).map_err(|_| bad())?,
+        event_type: r.event_type.clone().unwrap_or_default(),
+        attempt: r.attempt.and_then(|a| u32::try_from(a).ok()).unwrap_or(0),
+        reason: r
+            .reason
+            .as_deref()
+            .and_then(DeadReason::parse)
+            .ok_or_else(bad)?,
+        last_status: status_from_col(r.last_status),
+    })
 }
 
 /// The state after `latest`, the latest-started of `attempts` attempts, the first of which
@@ -984,7 +1196,7 @@ fn attempt_from_cols(c: AttemptCols) -> Result<AttemptRow, StoreError> {
 impl DeliveryStore for ScyllaStore {
     async fn record_attempt(&self, row: &AttemptRow) -> Result<(), StoreError> {
         let started = to_cql(row.started_at);
-        let day = day_of(started);
+        let bucket = bucket_of(started);
         let attempt = attempt_col(row.attempt)?;
         let (outcome, next_col, dead_reason) = row::outcome_columns(&row.outcome);
         let error_class = row.error_class.map(ErrorClass::as_str);
@@ -992,8 +1204,17 @@ impl DeliveryStore for ScyllaStore {
             AttemptOutcome::Dead { reason } => Some(reason),
             _ => None,
         };
-        let write_day = self.day_needs_write(&row.endpoint_id, day);
         let now = Instant::now();
+        // The bucket-index rows this process has not written yet: the history entry's, and the
+        // dead letter's (same bucket, other kind).
+        let index_kinds: Vec<BucketKind> = [BucketKind::History, BucketKind::Dead]
+            .into_iter()
+            .filter(|&kind| kind == BucketKind::History || dead.is_some())
+            .filter(|&kind| {
+                self.buckets_written
+                    .needs_write(&row.endpoint_id, kind, bucket, now)
+            })
+            .collect();
 
         let attempt_row = self.write(
             &self.st.insert_attempt,
@@ -1019,7 +1240,7 @@ impl DeliveryStore for ScyllaStore {
         );
         let history = self.history.write(HistoryRow {
             endpoint_id: row.endpoint_id.as_str().to_owned(),
-            day,
+            bucket,
             at: started,
             delivery_id: row.delivery_id.as_str().to_owned(),
             ttl: self.attempt_ttl,
@@ -1030,17 +1251,17 @@ impl DeliveryStore for ScyllaStore {
             endpoint_id: row.endpoint_id.as_str().to_owned(),
             ttl: self.attempt_ttl,
         });
-        let day_index = async {
-            if write_day {
-                self.write(
-                    &self.st.insert_day,
-                    (row.endpoint_id.as_str(), day, self.day_index_ttl),
-                )
-                .await
-            } else {
-                Ok(())
-            }
-        };
+        let bucket_index = futures::future::try_join_all(index_kinds.iter().map(|kind| {
+            self.write(
+                &self.st.insert_bucket,
+                (
+                    row.endpoint_id.as_str(),
+                    kind.as_str(),
+                    bucket,
+                    self.bucket_index_ttl,
+                ),
+            )
+        }));
         let dead_letter = async {
             let Some(reason) = dead else {
                 return Ok(());
@@ -1048,7 +1269,7 @@ impl DeliveryStore for ScyllaStore {
             self.dead_letters
                 .write(DeadLetterRow {
                     endpoint_id: row.endpoint_id.as_str().to_owned(),
-                    day,
+                    bucket,
                     dead_at: started,
                     delivery_id: row.delivery_id.as_str().to_owned(),
                     event_id: row.event_id.as_str().to_owned(),
@@ -1061,9 +1282,10 @@ impl DeliveryStore for ScyllaStore {
                 })
                 .await
         };
-        tokio::try_join!(attempt_row, history, by_event, day_index, dead_letter)?;
-        if write_day {
-            self.day_written(&row.endpoint_id, day, now);
+        tokio::try_join!(attempt_row, history, by_event, bucket_index, dead_letter)?;
+        for kind in index_kinds {
+            self.buckets_written
+                .record(&row.endpoint_id, kind, bucket, now);
         }
         Ok(())
     }
@@ -1097,84 +1319,61 @@ impl DeliveryStore for ScyllaStore {
         query: &HistoryQuery,
     ) -> Result<Page<DeliveryState>, StoreError> {
         let limit = query.limit.clamp(1, MAX_PAGE) as usize;
-        let cursor = query
-            .cursor
-            .as_deref()
-            .map(HistoryKey::decode)
-            .transpose()?;
+        let cursor = query.cursor.as_deref().map(BucketKey::decode).transpose()?;
         let since = query.since.map(to_cql);
-        let max_day = cursor.as_ref().map_or(i32::MAX, |c| c.day);
-        let min_day = since.map_or(i32::MIN, day_of);
-        let days = self.history_days(endpoint, min_day, max_day).await?;
+        // Entries of retries and of other statuses are read and skipped: read more than a page
+        // per request.
+        let page_rows = (2 * (limit + 1)).min(MAX_SCANNED);
+        let mut walk = self
+            .walk::<(CqlTimestamp, String)>(endpoint, BucketKind::History, page_rows, cursor, since)
+            .await?;
 
         let mut states = HashMap::new();
-        let mut found: Vec<(HistoryKey, DeliveryState)> = Vec::new();
-        let mut batch: Vec<HistoryKey> = Vec::with_capacity(RESOLVE_CHUNK);
-        let mut last_scanned: Option<HistoryKey> = None;
+        let mut found: Vec<(BucketKey, DeliveryState)> = Vec::new();
+        let mut batch: Vec<BucketKey> = Vec::with_capacity(RESOLVE_CHUNK);
+        let mut last_scanned: Option<BucketKey> = None;
         let mut scanned = 0usize;
         let mut truncated = false;
-        'days: for day in days {
-            let pager = {
-                let _permit = self.permit().await?;
-                match &cursor {
-                    Some(c) if c.day == day => {
-                        self.session
-                            .execute_iter(
-                                self.st.select_history_before.clone(),
-                                (endpoint.as_str(), day, c.at, c.delivery_id.as_str()),
-                            )
-                            .await
-                    }
-                    _ => {
-                        self.session
-                            .execute_iter(self.st.select_history.clone(), (endpoint.as_str(), day))
-                            .await
-                    }
-                }
-                .map_err(pager_error)?
+        'walk: loop {
+            let wanted = (limit + 1).saturating_sub(found.len() + batch.len());
+            let Some(entries) = walk.next_page(wanted).await? else {
+                break;
             };
-            let mut entries = pager
-                .rows_stream::<(CqlTimestamp, String)>()
-                .map_err(|e| StoreError::Backend(e.to_string()))?;
-            let mut past_since = false;
-            while let Some(entry) = entries.next().await {
-                let (at, id) = entry.map_err(row_error)?;
-                if since.is_some_and(|s| at.0 < s.0) {
-                    past_since = true;
-                    break;
+            for (at, id) in entries {
+                // Only the oldest bucket, that of `since`, holds older entries; all of them
+                // come after the ones to list.
+                if since.is_some_and(|s| at < s) {
+                    break 'walk;
                 }
                 let delivery_id =
                     DeliveryId::parse(id.as_str()).map_err(|_| corrupt("history", &id))?;
-                let key = HistoryKey {
-                    day,
-                    at,
-                    delivery_id,
-                };
+                let key = BucketKey::new(at, delivery_id);
                 last_scanned = Some(key.clone());
                 batch.push(key);
                 scanned += 1;
-                if batch.len() == RESOLVE_CHUNK || scanned == MAX_SCANNED {
+                // Resolve as soon as the batch could complete the page: then no further bucket
+                // need be read.
+                let needed = (limit + 1)
+                    .saturating_sub(found.len())
+                    .clamp(RESOLVE_MIN, RESOLVE_CHUNK);
+                if batch.len() >= needed || scanned == MAX_SCANNED {
                     self.resolve(endpoint, query.status, &mut batch, &mut states, &mut found)
                         .await?;
                     if found.len() > limit {
-                        break 'days;
+                        break 'walk;
                     }
                     if scanned == MAX_SCANNED {
                         truncated = true;
-                        break 'days;
+                        break 'walk;
                     }
                 }
             }
-            self.resolve(endpoint, query.status, &mut batch, &mut states, &mut found)
-                .await?;
-            if found.len() > limit || past_since {
-                break;
-            }
         }
+        self.resolve(endpoint, query.status, &mut batch, &mut states, &mut found)
+            .await?;
         // One more matching entry than the page holds proves there is a next page.
         let next_cursor = if found.len() > limit {
-            found.truncate(limit);
-            found.last().map(|(k, _)| k.encode())
+            trim_to_page(&mut found, limit)
         } else if truncated {
             last_scanned.map(|k| k.encode())
         } else {
@@ -1282,5 +1481,25 @@ impl DeliveryStore for ScyllaStore {
             });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_read_as_many_buckets_as_the_rows_wanted_need() {
+        // Nothing read yet: one bucket.
+        assert_eq!(round_width(50, 0, 0), 1);
+        // A sparse endpoint, about one row per bucket: as many as wanted, within the bound.
+        assert_eq!(round_width(3, 1, 1), 3);
+        assert_eq!(round_width(50, 1, 1), MAX_BUCKETS_IN_FLIGHT);
+        // Buckets listed but emptied by TTL count as one row each, not as a division by zero.
+        assert_eq!(round_width(5, 4, 0), 5);
+        // A busy endpoint: one bucket at a time.
+        assert_eq!(round_width(11, 1, 22), 1);
+        assert_eq!(round_width(0, 1, 22), 1);
+        assert_eq!(round_width(30, 3, 30), 3);
     }
 }

@@ -1,5 +1,5 @@
-//! Pure conversions between the store's Rust types and CQL columns: times, day buckets, the
-//! history cursor, outcome columns. No I/O, so all of it is unit-tested without a server.
+//! Pure conversions between the store's Rust types and CQL columns: times, time buckets, the
+//! listing cursor, outcome columns. No I/O, so all of it is unit-tested without a server.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -9,7 +9,30 @@ use super::super::{AttemptOutcome, StoreError};
 use crate::id::DeliveryId;
 use crate::retry_policy::DeadReason;
 
-const DAY_MS: i64 = 86_400_000;
+/// Width of the time buckets that partition an endpoint's history and dead letters: one
+/// minute, so one endpoint taking 1,000 deliveries/s fills a partition with 60,000 entries. Part
+/// of schema version 2 (`schemas/cql/002_history_buckets.cql`), not a setting: rows are found
+/// by recomputing their bucket, so another width would orphan every row written with this one.
+pub const BUCKET_MS: i64 = 60_000;
+
+/// Which bucketed table a row of `endpoint_buckets` points into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BucketKind {
+    /// `deliveries_by_endpoint_bucket`.
+    History,
+    /// `dead_letters_by_endpoint_bucket`.
+    Dead,
+}
+
+impl BucketKind {
+    /// The `kind` column.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BucketKind::History => "history",
+            BucketKind::Dead => "dead",
+        }
+    }
+}
 
 /// Milliseconds since the epoch (negative before it), as CQL `timestamp` stores time.
 pub fn to_cql(t: SystemTime) -> CqlTimestamp {
@@ -41,43 +64,64 @@ pub fn from_cql(t: CqlTimestamp) -> SystemTime {
     }
 }
 
-/// The day bucket (whole UTC days since the epoch) a time falls in.
-pub fn day_of(t: CqlTimestamp) -> i32 {
-    i32::try_from(t.0.div_euclid(DAY_MS)).unwrap_or(if t.0 < 0 { i32::MIN } else { i32::MAX })
+/// The bucket a time falls in: the start of its minute (rounded towards the past on both sides
+/// of the epoch).
+pub fn bucket_of(t: CqlTimestamp) -> CqlTimestamp {
+    CqlTimestamp(t.0.div_euclid(BUCKET_MS).saturating_mul(BUCKET_MS))
 }
 
-/// A position in an endpoint's history: an entry's bucket, time and delivery.
+/// A position in an endpoint's history or dead letters: a row's bucket, time and delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HistoryKey {
-    /// Day bucket of `at`.
-    pub day: i32,
-    /// The entry's time (the delivery's first attempt, for kept entries).
+pub struct BucketKey {
+    /// The bucket of `at`.
+    pub bucket: CqlTimestamp,
+    /// The row's time (for history, the delivery's first attempt, for kept entries).
     pub at: CqlTimestamp,
     /// The delivery.
     pub delivery_id: DeliveryId,
 }
 
-impl HistoryKey {
-    /// The opaque cursor form: `day.at_ms.delivery_id`.
+/// First character of a cursor: names the bucket scheme, so that a cursor of another scheme
+/// (schema version 1 issued `day.at_ms.delivery_id`, starting with a digit) is refused rather
+/// than read as a position in the wrong tables.
+const CURSOR_TAG: char = 'm';
+
+impl BucketKey {
+    /// The key of a row at `at`.
+    pub fn new(at: CqlTimestamp, delivery_id: DeliveryId) -> BucketKey {
+        BucketKey {
+            bucket: bucket_of(at),
+            at,
+            delivery_id,
+        }
+    }
+
+    /// The opaque cursor form: `m<bucket_ms>.<at_ms>.<delivery_id>`.
     pub fn encode(&self) -> String {
-        format!("{}.{}.{}", self.day, self.at.0, self.delivery_id)
+        format!(
+            "{CURSOR_TAG}{}.{}.{}",
+            self.bucket.0, self.at.0, self.delivery_id
+        )
     }
 
     /// Parses a cursor this store issued; anything else is [`StoreError::BadCursor`].
-    pub fn decode(cursor: &str) -> Result<HistoryKey, StoreError> {
-        let mut parts = cursor.splitn(3, '.');
-        let (Some(day), Some(at), Some(id)) = (parts.next(), parts.next(), parts.next()) else {
+    pub fn decode(cursor: &str) -> Result<BucketKey, StoreError> {
+        let rest = cursor
+            .strip_prefix(CURSOR_TAG)
+            .ok_or(StoreError::BadCursor)?;
+        let mut parts = rest.splitn(3, '.');
+        let (Some(bucket), Some(at), Some(id)) = (parts.next(), parts.next(), parts.next()) else {
             return Err(StoreError::BadCursor);
         };
-        let day: i32 = day.parse().map_err(|_| StoreError::BadCursor)?;
+        let bucket = CqlTimestamp(bucket.parse().map_err(|_| StoreError::BadCursor)?);
         let at = CqlTimestamp(at.parse().map_err(|_| StoreError::BadCursor)?);
         let delivery_id = DeliveryId::parse(id).map_err(|_| StoreError::BadCursor)?;
         // A cursor whose bucket does not hold its time was not issued by this store.
-        if day_of(at) != day {
+        if bucket_of(at) != bucket {
             return Err(StoreError::BadCursor);
         }
-        Ok(HistoryKey {
-            day,
+        Ok(BucketKey {
+            bucket,
             at,
             delivery_id,
         })
@@ -133,30 +177,77 @@ mod tests {
     }
 
     #[test]
-    fn day_buckets_split_at_utc_midnight() {
-        assert_eq!(day_of(CqlTimestamp(0)), 0);
-        assert_eq!(day_of(CqlTimestamp(DAY_MS - 1)), 0);
-        assert_eq!(day_of(CqlTimestamp(DAY_MS)), 1);
-        assert_eq!(day_of(CqlTimestamp(-1)), -1);
+    fn buckets_split_at_whole_minutes() {
+        assert_eq!(bucket_of(CqlTimestamp(0)), CqlTimestamp(0));
+        assert_eq!(bucket_of(CqlTimestamp(BUCKET_MS - 1)), CqlTimestamp(0));
+        assert_eq!(bucket_of(CqlTimestamp(BUCKET_MS)), CqlTimestamp(BUCKET_MS));
+        assert_eq!(bucket_of(CqlTimestamp(-1)), CqlTimestamp(-BUCKET_MS));
+        assert_eq!(
+            bucket_of(CqlTimestamp(-BUCKET_MS)),
+            CqlTimestamp(-BUCKET_MS)
+        );
+        // 2027-01-15T08:00:00Z plus 59.999 s is still in its minute; one more ms is the next.
+        let minute = CqlTimestamp(1_800_000_000_000);
+        assert_eq!(minute.0 % BUCKET_MS, 0);
+        assert_eq!(bucket_of(CqlTimestamp(minute.0 + 59_999)), minute);
+        assert_eq!(
+            bucket_of(CqlTimestamp(minute.0 + 60_000)),
+            CqlTimestamp(minute.0 + BUCKET_MS)
+        );
+        // The extremes do not overflow, and every bucket holds its own start.
+        assert!(bucket_of(CqlTimestamp(i64::MIN)).0 <= i64::MIN + BUCKET_MS);
+        assert!(bucket_of(CqlTimestamp(i64::MAX)).0 > i64::MAX - BUCKET_MS);
+        for t in [-123_456_789, -1, 0, 1, 1_790_000_000_456] {
+            let b = bucket_of(CqlTimestamp(t));
+            assert!(b.0 <= t && t < b.0 + BUCKET_MS, "{t}");
+            assert_eq!(bucket_of(b), b);
+        }
+    }
+
+    #[test]
+    fn the_bucket_width_is_the_schemas() {
+        let schema = crate::migrate::MIGRATIONS
+            .iter()
+            .find(|m| m.name == "history_buckets")
+            .expect("the bucketed schema is embedded");
+        assert!(
+            schema.cql.contains("Bucket width: 60 seconds, fixed"),
+            "BUCKET_MS and the schema's documented width must agree"
+        );
+        assert_eq!(BUCKET_MS, 60_000);
     }
 
     #[test]
     fn cursors_round_trip_and_reject_garbage() {
-        let key = HistoryKey {
-            day: day_of(CqlTimestamp(1_800_000_000_000)),
-            at: CqlTimestamp(1_800_000_000_000),
-            delivery_id: DeliveryId::parse("dlv_a.b").unwrap(),
-        };
-        assert_eq!(HistoryKey::decode(&key.encode()).unwrap(), key);
+        for at in [1_800_000_000_000, 1_800_000_059_999, -1, 0] {
+            let key = BucketKey::new(CqlTimestamp(at), DeliveryId::parse("dlv_a.b").unwrap());
+            assert_eq!(BucketKey::decode(&key.encode()).unwrap(), key);
+        }
+        let key = BucketKey::new(
+            CqlTimestamp(1_800_000_000_123),
+            DeliveryId::parse("dlv_1").unwrap(),
+        );
+        assert_eq!(key.encode(), "m1800000000000.1800000000123.dlv_1");
         for bad in [
             "not a cursor",
-            "1.2",
-            "x.1.dlv_1",
-            "1.x.dlv_1",
-            "1.2.",
-            "5.0.dlv_1",
+            "",
+            "m",
+            "m1.2",
+            "mx.1.dlv_1",
+            "m0.x.dlv_1",
+            "m0.2.",
+            // The bucket must be the start of the time's minute.
+            "m60000.0.dlv_1",
+            "m1.2.dlv_1",
+            // A schema-1 cursor (day.at_ms.delivery_id), even one that would parse as a
+            // position, is refused.
+            "20833.1800000000000.dlv_1",
+            "0.5.dlv_1",
         ] {
-            assert!(HistoryKey::decode(bad).is_err(), "{bad}");
+            assert!(
+                matches!(BucketKey::decode(bad), Err(StoreError::BadCursor)),
+                "{bad}"
+            );
         }
     }
 
