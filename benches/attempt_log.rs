@@ -5,15 +5,15 @@
 //! `cargo bench --bench attempt_log`; `HOOKLINE_BENCH_SECS` (default 10) sets each run's length,
 //! `HOOKLINE_BENCH_MAX_WRITES` the store's `max_concurrent_writes` (default: the config default).
 //! One `record_attempt` is 3-5 CQL writes issued together: attempt row, history entry, event
-//! index, the endpoint's day index once per endpoint and day, the dead letter for one attempt in
-//! fifty. Delivery state is derived from the attempt rows on read and costs no write. Figures
+//! index, the endpoint's bucket index once per endpoint and minute, the dead letter (and its
+//! bucket index) for one attempt in fifty. Delivery state is derived from the attempt rows on read and costs no write. Figures
 //! are per attempt; the server shares the machine's cores with everything else, so compare only
 //! runs made back to back.
 //!
 //! The load models one delivery stage: [`ENDPOINTS`] endpoints, every event fanned out to each
 //! of them, attempts taken in event order. So an event's deliveries are logged at about the same
 //! time (their event-index rows share a partition), and the attempts in flight at once share a
-//! handful of (endpoint, day) history partitions, as they do in the pipeline.
+//! handful of (endpoint, minute) history partitions, as they do in the pipeline.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
