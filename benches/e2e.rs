@@ -19,7 +19,8 @@
 //! Run with `cargo bench --bench e2e`; needs the Kafka of `tests/services up` (127.0.0.1:9092).
 //! Knobs (environment): `HOOKLINE_BENCH_EVENTS` (throughput events, default 20000),
 //! `HOOKLINE_BENCH_ENDPOINTS` (10), `HOOKLINE_BENCH_PARTITIONS` (12), `HOOKLINE_BENCH_BODY`
-//! (delivered body bytes, 1024), `HOOKLINE_BENCH_STORE` (`memory` | `scylla`),
+//! (delivered body bytes, 1024), `HOOKLINE_BENCH_STORE` (`memory` | `scylla`: the CQL store of
+//! `tests/services up`, keyspace `hookline`, migrated first),
 //! `HOOKLINE_BENCH_KAFKA` (bootstrap, 127.0.0.1:9092), `HOOKLINE_BENCH_LINGER_MS` (2),
 //! `HOOKLINE_BENCH_MAX_IN_FLIGHT` (per endpoint, config default 16),
 //! `HOOKLINE_BENCH_TIMEOUT_S` (hookline's total HTTP timeout, config default 15),
@@ -40,7 +41,9 @@ use hookline::config::{Config, StoreKind, TopicsConfig};
 use hookline::endpoint::{CreateEndpoint, Endpoint};
 use hookline::id::Tenant;
 use hookline::kafka::{client_config, producer_config};
+use hookline::migrate::{MIGRATIONS, migrate};
 use hookline::service::{self, Role};
+use hookline::storage::scylla::connect_session;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
@@ -471,6 +474,22 @@ fn bench_config(s: &Settings, run: &str) -> Config {
     c
 }
 
+/// Brings the CQL keyspace up to this build's schema, as `hookline migrate` would (idempotent).
+async fn migrate_store(config: &Config) {
+    let cql = &config.store.scylla;
+    let session = connect_session(cql)
+        .await
+        .expect("CQL session (is `tests/services up` running?)");
+    let replication = cql.replication().expect("replication");
+    let report = migrate(&session, &cql.keyspace, &replication, MIGRATIONS)
+        .await
+        .expect("migrate the bench's keyspace");
+    eprintln!(
+        "bench: keyspace {} at schema version {}",
+        report.keyspace, report.version
+    );
+}
+
 /// Waits until every partition of the run's topics answers a watermark query: a broker answers
 /// `NotLeaderForPartition` for a moment after creating them, and the endpoint registry's
 /// start-up treats that as fatal.
@@ -728,6 +747,9 @@ async fn run(s: Settings) -> Report {
         .await
         .expect("create the run's topics (is `tests/services up` running?)");
     wait_for_leaders(&config).await;
+    if config.store.kind == StoreKind::Scylla {
+        migrate_store(&config).await;
+    }
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let handles = match service::start(&config, Role::All, &shutdown, &tasks).await {
