@@ -130,6 +130,31 @@ pub fn consumer_config(
     cfg
 }
 
+/// How long a delay-stage fetch waits at the broker for new records, unless `kafka.client`
+/// sets `fetch.wait.max.ms`. The other stages wait 20 ms.
+///
+/// Every fetch names all of a consumer's partitions and the broker reads each (librdkafka
+/// sends no incremental fetch sessions), so an idle consumer costs the broker its partition
+/// count times its fetch rate. The delay stage holds the most partitions (every tier topic) and
+/// is idle most of the time. A record produced to a tier answers a waiting fetch at once; the
+/// wait only delays records behind a head the stage held back, by at most this much, and those
+/// are retries due seconds to hours later.
+pub const DELAY_FETCH_WAIT_MS: &str = "500";
+
+/// [`consumer_config`] for the delay stage: the same, with a longer broker wait
+/// ([`DELAY_FETCH_WAIT_MS`]) unless `overrides` sets one.
+pub fn delay_consumer_config(
+    bootstrap: &str,
+    group: &str,
+    overrides: &BTreeMap<String, String>,
+) -> ClientConfig {
+    let mut cfg = consumer_config(bootstrap, group, overrides);
+    if !overrides.contains_key("fetch.wait.max.ms") {
+        cfg.set("fetch.wait.max.ms", DELAY_FETCH_WAIT_MS);
+    }
+    cfg
+}
+
 /// Creates every topic in `specs` that does not exist yet (real clusters; auto-create is off
 /// in production and must not be relied on).
 pub async fn ensure_topics(
@@ -314,6 +339,35 @@ mod tests {
     use rdkafka::Message;
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    #[test]
+    fn the_delay_stage_waits_longer_at_the_broker_unless_told_otherwise() {
+        let none = BTreeMap::new();
+        let wait = |c: &ClientConfig| c.get("fetch.wait.max.ms").map(str::to_owned);
+        assert_eq!(
+            wait(&consumer_config("b:9092", "g", &none)).as_deref(),
+            Some("20")
+        );
+        assert_eq!(
+            wait(&delay_consumer_config("b:9092", "g", &none)).as_deref(),
+            Some(DELAY_FETCH_WAIT_MS)
+        );
+        // Everything else is the other stages' consumer set-up.
+        let delay = delay_consumer_config("b:9092", "g", &none);
+        let other = consumer_config("b:9092", "g", &none);
+        for key in [
+            "group.id",
+            "enable.auto.offset.store",
+            "queued.min.messages",
+        ] {
+            assert_eq!(delay.get(key), other.get(key), "{key}");
+        }
+        let set = BTreeMap::from([("fetch.wait.max.ms".to_owned(), "50".to_owned())]);
+        assert_eq!(
+            wait(&delay_consumer_config("b:9092", "g", &set)).as_deref(),
+            Some("50")
+        );
+    }
 
     #[tokio::test]
     async fn embedded_cluster_round_trips_a_record() {

@@ -157,8 +157,13 @@ fn stage_consumer(
     group: &str,
     stage: &'static str,
 ) -> Result<StageConsumer, ServiceError> {
+    let make = if stage == "delay" {
+        kafka::delay_consumer_config
+    } else {
+        consumer_config
+    };
     Ok(
-        consumer_config(&config.kafka.bootstrap_servers, group, &config.kafka.client)
+        make(&config.kafka.bootstrap_servers, group, &config.kafka.client)
             .create_with_context(StageContext::new(stage))?,
     )
 }
