@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use rdkafka::Message;
@@ -402,9 +402,13 @@ impl DeliverDeps {
             outcome,
         };
         let mut backoff = Duration::from_millis(50);
+        let logging = Instant::now();
         loop {
             match self.store.record_attempt(&row).await {
-                Ok(()) => break,
+                Ok(()) => {
+                    telemetry::store_written(logging.elapsed());
+                    break;
+                }
                 Err(e) => {
                     telemetry::store_error(&e.to_string());
                     tokio::select! {

@@ -47,6 +47,9 @@ pub mod name {
     pub const REPLAYED: &str = "hookline_replayed_records_total";
     /// Attempt-log writes that failed (the record is retried, not settled).
     pub const STORE_ERRORS: &str = "hookline_store_errors_total";
+    /// From an attempt's answer to its row being durable in the attempt log, retries included:
+    /// the time its record waits, unsettled, on the store.
+    pub const STORE_WRITE_DURATION: &str = "hookline_store_write_duration_seconds";
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -100,6 +103,11 @@ fn describe() {
     describe_counter!(
         STORE_ERRORS,
         "Attempt-log writes that failed and were retried."
+    );
+    describe_histogram!(
+        STORE_WRITE_DURATION,
+        metrics::Unit::Seconds,
+        "Time until an attempt's row is durable in the attempt log, retries included."
     );
 }
 
@@ -253,6 +261,11 @@ pub fn replayed(count: u64) {
     counter!(name::REPLAYED).increment(count);
 }
 
+/// An attempt's row became durable `took` after the first try to write it.
+pub fn store_written(took: Duration) {
+    histogram!(name::STORE_WRITE_DURATION).record(took.as_secs_f64());
+}
+
 /// An attempt-log write failed; the record stays unsettled and is tried again.
 pub fn store_error(detail: &str) {
     tracing::warn!(detail, "attempt log write failed; will retry");
@@ -285,6 +298,7 @@ mod tests {
             delivered(Some(Duration::from_millis(40)));
             retry_scheduled("30s");
             dead_lettered("dlv_1", "ep_1", DeadReason::Gone);
+            store_written(Duration::from_millis(3));
         });
         let text = handle.render();
         assert!(
@@ -302,6 +316,10 @@ mod tests {
         assert!(
             text.contains("hookline_attempt_duration_seconds_bucket"),
             "histogram: {text}"
+        );
+        assert!(
+            text.contains("hookline_store_write_duration_seconds_bucket{le=\"0.005\"} 1"),
+            "store write histogram: {text}"
         );
         assert!(
             !text.contains("ep_1"),
