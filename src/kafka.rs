@@ -93,10 +93,22 @@ pub const PRODUCER_ONLY: &[&str] = &[
 ];
 
 /// Consumer settings for a stage's group: offsets stored by hand for settled records only,
-/// committed by librdkafka in the background and on rebalance.
+/// committed by librdkafka in the background and on rebalance. Fetches wait at most
+/// [`FETCH_WAIT_MS`] at the broker.
 pub fn consumer_config(
     bootstrap: &str,
     group: &str,
+    overrides: &BTreeMap<String, String>,
+) -> ClientConfig {
+    stage_consumer_config(bootstrap, group, FETCH_WAIT_MS, overrides)
+}
+
+/// [`consumer_config`] with fetches waiting at most `fetch_wait_ms` at the broker;
+/// `overrides` (`kafka.client`) still win, the wait included.
+pub fn stage_consumer_config(
+    bootstrap: &str,
+    group: &str,
+    fetch_wait_ms: &str,
     overrides: &BTreeMap<String, String>,
 ) -> ClientConfig {
     let mut cfg = ClientConfig::new();
@@ -109,7 +121,7 @@ pub fn consumer_config(
         .set("partition.assignment.strategy", "cooperative-sticky")
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
-        .set("fetch.wait.max.ms", "20")
+        .set("fetch.wait.max.ms", fetch_wait_ms)
         // A stage pauses a partition whose window is full, and librdkafka drops that
         // partition's prefetched records on pause (they are fetched again on resume). With its
         // defaults (up to 100,000 records or 64 MiB prefetched) a backlog made the delivery
@@ -130,8 +142,11 @@ pub fn consumer_config(
     cfg
 }
 
-/// How long a delay-stage fetch waits at the broker for new records, unless `kafka.client`
-/// sets `fetch.wait.max.ms`. The other stages wait 20 ms.
+/// How long a fetch waits at the broker for new records, unless `kafka.client` sets
+/// `fetch.wait.max.ms`.
+pub const FETCH_WAIT_MS: &str = "20";
+
+/// The delay stage's fetch wait, longer than [`FETCH_WAIT_MS`].
 ///
 /// Every fetch names all of a consumer's partitions and the broker reads each (librdkafka
 /// sends no incremental fetch sessions), so an idle consumer costs the broker its partition
@@ -140,20 +155,6 @@ pub fn consumer_config(
 /// wait only delays records behind a head the stage held back, by at most this much, and those
 /// are retries due seconds to hours later.
 pub const DELAY_FETCH_WAIT_MS: &str = "500";
-
-/// [`consumer_config`] for the delay stage: the same, with a longer broker wait
-/// ([`DELAY_FETCH_WAIT_MS`]) unless `overrides` sets one.
-pub fn delay_consumer_config(
-    bootstrap: &str,
-    group: &str,
-    overrides: &BTreeMap<String, String>,
-) -> ClientConfig {
-    let mut cfg = consumer_config(bootstrap, group, overrides);
-    if !overrides.contains_key("fetch.wait.max.ms") {
-        cfg.set("fetch.wait.max.ms", DELAY_FETCH_WAIT_MS);
-    }
-    cfg
-}
 
 /// Creates every topic in `specs` that does not exist yet (real clusters; auto-create is off
 /// in production and must not be relied on).
@@ -344,29 +345,23 @@ mod tests {
     fn the_delay_stage_waits_longer_at_the_broker_unless_told_otherwise() {
         let none = BTreeMap::new();
         let wait = |c: &ClientConfig| c.get("fetch.wait.max.ms").map(str::to_owned);
+        let delay = |o| stage_consumer_config("b:9092", "g", DELAY_FETCH_WAIT_MS, o);
         assert_eq!(
             wait(&consumer_config("b:9092", "g", &none)).as_deref(),
             Some("20")
         );
-        assert_eq!(
-            wait(&delay_consumer_config("b:9092", "g", &none)).as_deref(),
-            Some(DELAY_FETCH_WAIT_MS)
-        );
+        assert_eq!(wait(&delay(&none)).as_deref(), Some(DELAY_FETCH_WAIT_MS));
         // Everything else is the other stages' consumer set-up.
-        let delay = delay_consumer_config("b:9092", "g", &none);
-        let other = consumer_config("b:9092", "g", &none);
+        let (delay_cfg, other) = (delay(&none), consumer_config("b:9092", "g", &none));
         for key in [
             "group.id",
             "enable.auto.offset.store",
             "queued.min.messages",
         ] {
-            assert_eq!(delay.get(key), other.get(key), "{key}");
+            assert_eq!(delay_cfg.get(key), other.get(key), "{key}");
         }
         let set = BTreeMap::from([("fetch.wait.max.ms".to_owned(), "50".to_owned())]);
-        assert_eq!(
-            wait(&delay_consumer_config("b:9092", "g", &set)).as_deref(),
-            Some("50")
-        );
+        assert_eq!(wait(&delay(&set)).as_deref(), Some("50"));
     }
 
     #[tokio::test]

@@ -17,7 +17,7 @@ use crate::delay_tier::{self, DelayTopics, Tiers};
 use crate::deliver::{self, DeliverDeps};
 use crate::fanout::{self, FanoutTopics};
 use crate::input::InputConfig;
-use crate::kafka::{self, KafkaError, TopicSpec, consumer_config, producer_config};
+use crate::kafka::{self, KafkaError, TopicSpec, producer_config, stage_consumer_config};
 use crate::lane::LanesConfig;
 use crate::registry::kafka::{KafkaEndpointStore, spawn_materializer};
 use crate::registry::{EndpointStore, EndpointView, RegistryError};
@@ -156,16 +156,15 @@ fn stage_consumer(
     config: &Config,
     group: &str,
     stage: &'static str,
+    fetch_wait_ms: &str,
 ) -> Result<StageConsumer, ServiceError> {
-    let make = if stage == "delay" {
-        kafka::delay_consumer_config
-    } else {
-        consumer_config
-    };
-    Ok(
-        make(&config.kafka.bootstrap_servers, group, &config.kafka.client)
-            .create_with_context(StageContext::new(stage))?,
+    Ok(stage_consumer_config(
+        &config.kafka.bootstrap_servers,
+        group,
+        fetch_wait_ms,
+        &config.kafka.client,
     )
+    .create_with_context(StageContext::new(stage))?)
 }
 
 fn producer(config: &Config) -> Result<FutureProducer, ServiceError> {
@@ -204,7 +203,7 @@ pub async fn start(
     let tiers = Arc::new(Tiers::new(&k.topics.retry_prefix, &config.retry.tiers));
 
     if role.includes(Role::Fanout) {
-        let consumer = stage_consumer(config, &k.group("fanout"), "fanout")?;
+        let consumer = stage_consumer(config, &k.group("fanout"), "fanout", kafka::FETCH_WAIT_MS)?;
         let mut inputs: Vec<String> = k.input_topics.clone();
         inputs.push(k.topics.events.clone());
         if let Some(pattern) = &k.input_pattern {
@@ -235,7 +234,12 @@ pub async fn start(
         ));
     }
     if role.includes(Role::Delay) {
-        let consumer = stage_consumer(config, &k.group("delay"), "delay")?;
+        let consumer = stage_consumer(
+            config,
+            &k.group("delay"),
+            "delay",
+            kafka::DELAY_FETCH_WAIT_MS,
+        )?;
         let names: Vec<&str> = tiers.all().iter().map(|t| &*t.topic).collect();
         consumer.subscribe(&names)?;
         let topics = DelayTopics {
@@ -250,7 +254,8 @@ pub async fn start(
         ));
     }
     if role.includes(Role::Deliver) {
-        let consumer = stage_consumer(config, &k.group("deliver"), "deliver")?;
+        let consumer =
+            stage_consumer(config, &k.group("deliver"), "deliver", kafka::FETCH_WAIT_MS)?;
         consumer.subscribe(&[k.topics.deliveries.as_str()])?;
         let lanes = LanesConfig {
             breaker: crate::breaker::BreakerConfig {
