@@ -16,6 +16,11 @@
 //!    shares its deliveries partition with healthy endpoints (read back from the warm-up's
 //!    delivery records), and those partition mates' rate is reported on its own: the worst case.
 //!
+//! The throughput and latency phases also report CPU per delivery (from `/proc`): this process
+//! (hookline, the receiver and the load generator together) and, when the broker runs on this
+//! machine, Kafka; and how busy the whole machine was. A p99 far above p50 on a machine near
+//! 100% busy is queueing for the CPU, not a stall in hookline.
+//!
 //! Run with `cargo bench --bench e2e`; needs the Kafka of `tests/services up` (127.0.0.1:9092).
 //! Knobs (environment): `HOOKLINE_BENCH_EVENTS` (throughput events, default 20000),
 //! `HOOKLINE_BENCH_ENDPOINTS` (10), `HOOKLINE_BENCH_PARTITIONS` (12), `HOOKLINE_BENCH_BODY`
@@ -440,6 +445,80 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// CPU time so far, from `/proc` (Linux), in USER_HZ ticks (100 a second on Linux): this
+/// process (hookline, the receiver and the load generator), a Kafka broker running on this
+/// machine if there is one, and the whole machine.
+#[derive(Debug, Clone, Copy)]
+struct CpuSample {
+    bench: u64,
+    broker: Option<u64>,
+    busy: u64,
+    total: u64,
+}
+
+/// utime + stime of a process, from `/proc/<pid>/stat` (fields 14 and 15; the command name
+/// before them is in parentheses and may hold spaces).
+fn process_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The pid of a Kafka broker on this machine (`kafka.Kafka` on its command line), if any.
+fn local_broker_pid() -> Option<String> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid = entry.file_name().into_string().ok()?;
+            pid.bytes().all(|b| b.is_ascii_digit()).then_some(())?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            cmdline
+                .split(|&b| b == 0)
+                .any(|arg| arg == b"kafka.Kafka")
+                .then_some(pid)
+        })
+}
+
+fn cpu_sample(broker: Option<&str>) -> Option<CpuSample> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    // cpu  user nice system idle iowait irq softirq steal ...
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|t| t.parse().unwrap_or(0))
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    let idle = ticks.get(3)? + ticks.get(4)?;
+    Some(CpuSample {
+        bench: process_ticks("self")?,
+        broker: broker.and_then(process_ticks),
+        busy: total - idle,
+        total,
+    })
+}
+
+/// CPU spent per delivery in one phase, and how busy the machine was (share of all cores).
+#[derive(Debug, Clone, Copy)]
+struct CpuUse {
+    bench_us: f64,
+    broker_us: Option<f64>,
+    busy_pct: f64,
+}
+
+fn cpu_use(before: Option<CpuSample>, after: Option<CpuSample>, delivered: u64) -> Option<CpuUse> {
+    let (a, b) = (before?, after?);
+    let per = |ticks: u64| ticks as f64 * 10_000.0 / delivered.max(1) as f64;
+    Some(CpuUse {
+        bench_us: per(b.bench - a.bench),
+        broker_us: a.broker.zip(b.broker).map(|(x, y)| per(y - x)),
+        busy_pct: (b.busy - a.busy) as f64 * 100.0 / (b.total - a.total).max(1) as f64,
+    })
+}
+
 fn bench_config(s: &Settings, run: &str) -> Config {
     let mut c = Config::dev_defaults();
     c.store.kind = match s.store.as_str() {
@@ -593,6 +672,8 @@ struct Report {
     throughput: Rate,
     latency_rate: f64,
     latency: Option<(u64, u64, u64, usize)>,
+    throughput_cpu: Option<CpuUse>,
+    latency_cpu: Option<CpuUse>,
     isolation: Rate,
     isolation_baseline: f64,
     /// Healthy endpoints in the hanging endpoint's partition, and their rate.
@@ -662,6 +743,30 @@ impl Report {
                 );
             }
             None => row("event-to-delivery", "no samples".into(), "< 50"),
+        }
+        for (phase, cpu) in [
+            ("throughput", self.throughput_cpu),
+            ("latency run", self.latency_cpu),
+        ] {
+            let Some(c) = cpu else {
+                row(&format!("CPU, {phase}"), "unknown (no /proc)".into(), "");
+                continue;
+            };
+            row(
+                &format!("CPU µs/delivery, {phase}: bench / broker"),
+                format!(
+                    "{:.0} / {}",
+                    c.bench_us,
+                    c.broker_us
+                        .map_or_else(|| "not local".into(), |b| format!("{b:.0}"))
+                ),
+                "",
+            );
+            row(
+                &format!("  machine busy, {phase} (all cores)"),
+                format!("{:.0}%", c.busy_pct),
+                "",
+            );
         }
         row(
             "healthy rate, 1 endpoint hanging (del./s)",
@@ -801,10 +906,17 @@ async fn run(s: Settings) -> Report {
     );
 
     // 3. Throughput: produce everything, watch the receiver.
+    let broker = local_broker_pid();
     let expected = s.events * e;
     let watcher = rx.spawn_watch(all.clone(), expected, s.phase_deadline);
+    let cpu_before = cpu_sample(broker.as_deref());
     produce(&producer, &topic, 't', s.events, s.body_bytes, None).await;
     let throughput = watcher.await.expect("watcher");
+    let throughput_cpu = cpu_use(
+        cpu_before,
+        cpu_sample(broker.as_deref()),
+        throughput.delivered,
+    );
     eprintln!(
         "bench: sustained {:.0} deliveries/s ({} / {})",
         throughput.steady_per_s, throughput.delivered, throughput.expected
@@ -830,8 +942,14 @@ async fn run(s: Settings) -> Report {
     );
     rx.state.recording.store(true, Ordering::Relaxed);
     let lat_watch = rx.spawn_watch(all.clone(), n * e, s.latency + Duration::from_secs(20));
+    let cpu_before = cpu_sample(broker.as_deref());
     let created = produce(&producer, &topic, 'l', n, s.body_bytes, Some(events_per_s)).await;
     let lat_rate = lat_watch.await.expect("watcher");
+    let latency_cpu = cpu_use(
+        cpu_before,
+        cpu_sample(broker.as_deref()),
+        lat_rate.delivered,
+    );
     rx.state.recording.store(false, Ordering::Relaxed);
     let arrivals =
         std::mem::take(&mut *rx.state.arrivals.lock().unwrap_or_else(|e| e.into_inner()));
@@ -913,6 +1031,8 @@ async fn run(s: Settings) -> Report {
         throughput,
         latency_rate: lat_rate.steady_per_s,
         latency,
+        throughput_cpu,
+        latency_cpu,
         isolation,
         isolation_baseline,
         mates: mates.len(),
