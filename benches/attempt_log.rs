@@ -4,11 +4,11 @@
 //!
 //! `cargo bench --bench attempt_log`; `HOOKLINE_BENCH_SECS` (default 10) sets each run's length,
 //! `HOOKLINE_BENCH_MAX_WRITES` the store's `max_concurrent_writes` (default: the config default).
-//! One `record_attempt` is 3-5 CQL writes issued together: attempt row, history entry, event
+//! One `record_attempt` is 3-6 CQL writes issued together: attempt row, history entry, event
 //! index, the endpoint's bucket index once per endpoint and minute, the dead letter (and its
-//! bucket index) for one attempt in fifty. Delivery state is derived from the attempt rows on read and costs no write. Figures
-//! are per attempt; the server shares the machine's cores with everything else, so compare only
-//! runs made back to back.
+//! bucket index) for one attempt in fifty. Delivery state is derived from the attempt rows on
+//! read and costs no write. Figures are per attempt; the server shares the machine's cores with
+//! everything else, so compare only runs made back to back.
 //!
 //! The load models one delivery stage: [`ENDPOINTS`] endpoints, every event fanned out to each
 //! of them, attempts taken in event order. So an event's deliveries are logged at about the same

@@ -667,6 +667,11 @@ fn pager_error(e: PagerExecutionError) -> StoreError {
     }
 }
 
+/// A result the driver could not read as the expected rows and types: [`StoreError::Backend`].
+fn backend_error(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
 fn row_error(e: NextRowError) -> StoreError {
     match e {
         NextRowError::NextPageError(_) => StoreError::Unavailable(e.to_string()),
@@ -846,7 +851,7 @@ impl ScyllaStore {
             .await
             .map_err(pager_error)?
             .rows_stream::<StateCols>()
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
+            .map_err(backend_error)?;
         let mut first = None;
         let mut latest = None;
         let mut count = 0u32;
@@ -888,7 +893,7 @@ impl ScyllaStore {
                 .map_err(pager_error)?
         }
         .rows_stream::<(CqlTimestamp,)>()
-        .map_err(|e| StoreError::Backend(e.to_string()))?;
+        .map_err(backend_error)?;
         let page_rows = i32::try_from(page_rows.max(1)).unwrap_or(i32::MAX);
         let (all, before) = match kind {
             BucketKind::History => (&self.st.select_history, &self.st.select_history_before),
@@ -998,14 +1003,13 @@ impl BucketReader<'_> {
             }
         }
         .map_err(exec_error)?;
-        let backend = |e: &dyn std::fmt::Display| StoreError::Backend(e.to_string());
         let rows = result
             .into_rows_result()
-            .map_err(|e| backend(&e))?
+            .map_err(backend_error)?
             .rows::<R>()
-            .map_err(|e| backend(&e))?
+            .map_err(backend_error)?
             .collect::<Result<Vec<R>, _>>()
-            .map_err(|e| backend(&e))?;
+            .map_err(backend_error)?;
         let more = match paging.into_paging_control_flow() {
             ControlFlow::Continue(state) => Some(state),
             ControlFlow::Break(()) => None,
@@ -1302,7 +1306,7 @@ impl DeliveryStore for ScyllaStore {
             .await
             .map_err(pager_error)?
             .rows_stream::<AttemptCols>()
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
+            .map_err(backend_error)?;
         let mut rows = Vec::new();
         while let Some(cols) = stream.next().await {
             rows.push(attempt_from_cols(cols.map_err(row_error)?)?);
@@ -1394,7 +1398,7 @@ impl DeliveryStore for ScyllaStore {
                 .await
                 .map_err(pager_error)?
                 .rows_stream::<(String,)>()
-                .map_err(|e| StoreError::Backend(e.to_string()))?;
+                .map_err(backend_error)?;
             let mut ids = Vec::new();
             while let Some(row) = stream.next().await {
                 ids.push(row.map_err(row_error)?.0);
@@ -1461,15 +1465,10 @@ impl DeliveryStore for ScyllaStore {
             .execute_unpaged(&self.st.select_recent_replays, (REPLAY_FEED, limit))
             .await
             .map_err(exec_error)?;
-        let rows = result
-            .into_rows_result()
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let rows = result.into_rows_result().map_err(backend_error)?;
         let mut out = Vec::new();
-        for r in rows
-            .rows::<ReplayCols>()
-            .map_err(|e| StoreError::Backend(e.to_string()))?
-        {
-            let r = r.map_err(|e| StoreError::Backend(e.to_string()))?;
+        for r in rows.rows::<ReplayCols>().map_err(backend_error)? {
+            let r = r.map_err(backend_error)?;
             out.push(ReplayAudit {
                 replay_id: r.replay_id,
                 actor: r.actor.unwrap_or_default(),
