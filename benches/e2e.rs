@@ -21,6 +21,12 @@
 //! machine, Kafka; and how busy the whole machine was. A p99 far above p50 on a machine near
 //! 100% busy is queueing for the CPU, not a stall in hookline.
 //!
+//! During the latency run two timers tick every millisecond, one as a task on the bench's tokio
+//! runtime (where hookline, the receiver and the load generator run) and one on a plain thread;
+//! the report counts the ticks that came more than 20 ms late. Late ticks on the runtime only
+//! mean something held its workers (a lock around long work, a blocking call); late ticks on
+//! both mean the machine ran out of CPU.
+//!
 //! Run with `cargo bench --bench e2e`; needs the Kafka of `tests/services up` (127.0.0.1:9092).
 //! Knobs (environment): `HOOKLINE_BENCH_EVENTS` (throughput events, default 20000),
 //! `HOOKLINE_BENCH_ENDPOINTS` (10), `HOOKLINE_BENCH_PARTITIONS` (12), `HOOKLINE_BENCH_BODY`
@@ -519,6 +525,55 @@ fn cpu_use(before: Option<CpuSample>, after: Option<CpuSample>, delivered: u64) 
     })
 }
 
+/// How late a 1 ms timer's ticks came during a phase.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stalls {
+    /// Ticks more than [`LATE`] after they were due.
+    late: u64,
+    /// The latest tick's delay past its due time.
+    worst: Duration,
+}
+
+/// A tick this late counts as a stall.
+const LATE: Duration = Duration::from_millis(20);
+const TICK: Duration = Duration::from_millis(1);
+
+impl Stalls {
+    fn tick(&mut self, slept: Duration) {
+        let over = slept.saturating_sub(TICK);
+        self.worst = self.worst.max(over);
+        if over > LATE {
+            self.late += 1;
+        }
+    }
+}
+
+/// Ticks every millisecond as a task on this runtime until `stop`; returns how late it ran.
+fn runtime_stalls(stop: CancellationToken) -> tokio::task::JoinHandle<Stalls> {
+    tokio::spawn(async move {
+        let mut st = Stalls::default();
+        while !stop.is_cancelled() {
+            let t = Instant::now();
+            tokio::time::sleep(TICK).await;
+            st.tick(t.elapsed());
+        }
+        st
+    })
+}
+
+/// Ticks every millisecond on a plain thread until `stop`; returns how late it ran.
+fn thread_stalls(stop: CancellationToken) -> std::thread::JoinHandle<Stalls> {
+    std::thread::spawn(move || {
+        let mut st = Stalls::default();
+        while !stop.is_cancelled() {
+            let t = Instant::now();
+            std::thread::sleep(TICK);
+            st.tick(t.elapsed());
+        }
+        st
+    })
+}
+
 fn bench_config(s: &Settings, run: &str) -> Config {
     let mut c = Config::dev_defaults();
     c.store.kind = match s.store.as_str() {
@@ -674,6 +729,7 @@ struct Report {
     latency: Option<(u64, u64, u64, usize)>,
     throughput_cpu: Option<CpuUse>,
     latency_cpu: Option<CpuUse>,
+    latency_stalls: [Stalls; 2],
     isolation: Rate,
     isolation_baseline: f64,
     /// Healthy endpoints in the hanging endpoint's partition, and their rate.
@@ -743,6 +799,13 @@ impl Report {
                 );
             }
             None => row("event-to-delivery", "no samples".into(), "< 50"),
+        }
+        for (clock, st) in ["runtime", "thread"].iter().zip(&self.latency_stalls) {
+            row(
+                &format!("  1 ms ticks >20 ms late / worst, {clock}"),
+                format!("{} / {:.1} ms", st.late, st.worst.as_secs_f64() * 1e3),
+                "",
+            );
         }
         for (phase, cpu) in [
             ("throughput", self.throughput_cpu),
@@ -943,8 +1006,18 @@ async fn run(s: Settings) -> Report {
     rx.state.recording.store(true, Ordering::Relaxed);
     let lat_watch = rx.spawn_watch(all.clone(), n * e, s.latency + Duration::from_secs(20));
     let cpu_before = cpu_sample(broker.as_deref());
+    let ticking = CancellationToken::new();
+    let (rt_ticks, thread_ticks) = (
+        runtime_stalls(ticking.clone()),
+        thread_stalls(ticking.clone()),
+    );
     let created = produce(&producer, &topic, 'l', n, s.body_bytes, Some(events_per_s)).await;
     let lat_rate = lat_watch.await.expect("watcher");
+    ticking.cancel();
+    let latency_stalls = [
+        rt_ticks.await.unwrap_or_default(),
+        thread_ticks.join().unwrap_or_default(),
+    ];
     let latency_cpu = cpu_use(
         cpu_before,
         cpu_sample(broker.as_deref()),
@@ -1033,6 +1106,7 @@ async fn run(s: Settings) -> Report {
         latency,
         throughput_cpu,
         latency_cpu,
+        latency_stalls,
         isolation,
         isolation_baseline,
         mates: mates.len(),
