@@ -530,7 +530,7 @@ fn cpu_use(before: Option<CpuSample>, after: Option<CpuSample>, delivered: u64) 
 struct Stalls {
     /// Ticks more than [`LATE`] after they were due.
     late: u64,
-    /// The latest tick's delay past its due time.
+    /// The largest delay of any tick past its due time.
     worst: Duration,
 }
 
