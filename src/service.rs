@@ -156,12 +156,12 @@ fn stage_consumer(
     config: &Config,
     group: &str,
     stage: &'static str,
-    fetch_wait_ms: &str,
+    fetch: kafka::FetchBatching,
 ) -> Result<StageConsumer, ServiceError> {
     Ok(stage_consumer_config(
         &config.kafka.bootstrap_servers,
         group,
-        fetch_wait_ms,
+        fetch,
         &config.kafka.client,
     )
     .create_with_context(StageContext::new(stage))?)
@@ -203,7 +203,7 @@ pub async fn start(
     let tiers = Arc::new(Tiers::new(&k.topics.retry_prefix, &config.retry.tiers));
 
     if role.includes(Role::Fanout) {
-        let consumer = stage_consumer(config, &k.group("fanout"), "fanout", kafka::FETCH_WAIT_MS)?;
+        let consumer = stage_consumer(config, &k.group("fanout"), "fanout", kafka::HOT_FETCH)?;
         let mut inputs: Vec<String> = k.input_topics.clone();
         inputs.push(k.topics.events.clone());
         if let Some(pattern) = &k.input_pattern {
@@ -234,12 +234,7 @@ pub async fn start(
         ));
     }
     if role.includes(Role::Delay) {
-        let consumer = stage_consumer(
-            config,
-            &k.group("delay"),
-            "delay",
-            kafka::DELAY_FETCH_WAIT_MS,
-        )?;
+        let consumer = stage_consumer(config, &k.group("delay"), "delay", kafka::DELAY_FETCH)?;
         let names: Vec<&str> = tiers.all().iter().map(|t| &*t.topic).collect();
         consumer.subscribe(&names)?;
         let topics = DelayTopics {
@@ -254,8 +249,7 @@ pub async fn start(
         ));
     }
     if role.includes(Role::Deliver) {
-        let consumer =
-            stage_consumer(config, &k.group("deliver"), "deliver", kafka::FETCH_WAIT_MS)?;
+        let consumer = stage_consumer(config, &k.group("deliver"), "deliver", kafka::HOT_FETCH)?;
         consumer.subscribe(&[k.topics.deliveries.as_str()])?;
         let lanes = LanesConfig {
             breaker: crate::breaker::BreakerConfig {
