@@ -808,7 +808,11 @@ impl Report {
         }
         for (clock, st) in ["runtime", "thread"].iter().zip(&self.latency_stalls) {
             row(
-                &format!("  1 ms ticks >20 ms late / worst, {clock}"),
+                &format!(
+                    "  {} ms ticks >{} ms late / worst, {clock}",
+                    TICK.as_millis(),
+                    LATE.as_millis()
+                ),
                 format!("{} / {:.1} ms", st.late, st.worst.as_secs_f64() * 1e3),
                 "",
             );
