@@ -10,7 +10,11 @@
 //!    deliveries/s is the receiver's rate between 10% and 90% of the deliveries (no warm-up, no
 //!    tail);
 //! 4. latency: events paced at half the sustained rate; event-to-delivery latency is the
-//!    receiver's arrival time minus the time the bench handed the event to its producer;
+//!    receiver's arrival time minus the time the bench handed the event to its producer. A
+//!    warm-up at the same pace goes first and is not measured: the throughput run does not warm
+//!    the broker's paced path, and a broker started minutes before (a fresh `tests/services up`)
+//!    still compiles it (the broker's CPU per paced delivery was 41-64 µs in the first two runs
+//!    after a restart, 19-27 µs later);
 //! 5. isolation: the same number of events twice, first with every endpoint healthy, then with
 //!    one endpoint (one in ten by default) that never answers; the healthy endpoints' rate in
 //!    the second run is compared with their rate in the first (and, for reference, with their
@@ -38,7 +42,7 @@
 //! `HOOKLINE_BENCH_MAX_IN_FLIGHT` (per endpoint, config default 16),
 //! `HOOKLINE_BENCH_TIMEOUT_S` (hookline's total HTTP timeout, config default 15),
 //! `HOOKLINE_BENCH_RAW_S` (5), `HOOKLINE_BENCH_RAW_CONNECTIONS` (64), `HOOKLINE_BENCH_LATENCY_S`
-//! (10), `HOOKLINE_BENCH_LATENCY_RATE` (deliveries/s of the latency run; half the sustained rate
+//! (10), `HOOKLINE_BENCH_LATENCY_WARMUP_S` (5; 0 skips the warm-up), `HOOKLINE_BENCH_LATENCY_RATE` (deliveries/s of the latency run; half the sustained rate
 //! by default), `HOOKLINE_BENCH_ISOLATION_EVENTS` (half of the throughput events),
 //! `HOOKLINE_BENCH_PHASE_S` (deadline of each delivery phase, 60), `HOOKLINE_BENCH_LOG`
 //! (a tracing filter, e.g. `hookline=info`).
@@ -89,6 +93,7 @@ struct Settings {
     raw: Duration,
     raw_connections: usize,
     latency: Duration,
+    latency_warmup: Duration,
     latency_rate: Option<f64>,
     isolation_events: u64,
     phase_deadline: Duration,
@@ -121,6 +126,7 @@ impl Settings {
             raw: Duration::from_secs(env("HOOKLINE_BENCH_RAW_S", 5u64)),
             raw_connections: env("HOOKLINE_BENCH_RAW_CONNECTIONS", 64usize),
             latency: Duration::from_secs(env("HOOKLINE_BENCH_LATENCY_S", 10u64)),
+            latency_warmup: Duration::from_secs(env("HOOKLINE_BENCH_LATENCY_WARMUP_S", 5u64)),
             latency_rate: std::env::var("HOOKLINE_BENCH_LATENCY_RATE")
                 .ok()
                 .map(|v| v.parse().expect("HOOKLINE_BENCH_LATENCY_RATE is a number")),
@@ -472,6 +478,22 @@ fn process_ticks(pid: &str) -> Option<u64> {
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
+/// How long the process `pid` has run (its start time in `/proc/<pid>/stat` against the
+/// machine's uptime), assuming 100 clock ticks per second as [`cpu_use`] does.
+fn process_age(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let started_s = fields.get(19)?.parse::<f64>().ok()? / 100.0;
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let up_s: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_secs_f64((up_s - started_s).max(0.0)))
+}
+
+/// A broker younger than this may still be compiling its hot paths: in runs that started within
+/// 90 s of a restart its CPU per paced delivery was 1.6-2.4 times a later run's, and p99
+/// 0.3-1.2 s.
+const BROKER_WARM: Duration = Duration::from_secs(180);
+
 /// The pid of a Kafka broker on this machine (`kafka.Kafka` on its command line), if any.
 fn local_broker_pid() -> Option<String> {
     std::fs::read_dir("/proc")
@@ -723,6 +745,8 @@ struct Report {
     settings: Settings,
     cpus: usize,
     load_before: String,
+    /// How long the local broker had run when the bench started, if it runs here.
+    broker_age: Option<Duration>,
     load_after: String,
     raw: f64,
     body_seen: u64,
@@ -762,6 +786,13 @@ impl Report {
             "",
         );
         row("machine: load avg after", self.load_after.clone(), "");
+        if let Some(age) = self.broker_age {
+            row(
+                "broker: up for (s) when the bench started",
+                format!("{}", age.as_secs()),
+                "",
+            );
+        }
         row(
             "receiver raw ceiling (req/s)",
             format!("{:.0}", self.raw),
@@ -887,10 +918,20 @@ impl Report {
             "",
         );
         println!();
+        if let Some(age) = self.broker_age.filter(|age| *age < BROKER_WARM) {
+            println!(
+                "note: the broker had run for {} s only; a broker younger than {} s may still be \
+                 compiling its hot paths, so this run's latency and broker CPU may not be its \
+                 steady state. Run the bench again for those.",
+                age.as_secs(),
+                BROKER_WARM.as_secs()
+            );
+        }
         println!(
             "settings: events={} (isolation {}), endpoints={} (all subscribed to *), partitions={}, \
              delivered body={} B (asked {}), store={}, kafka={}, linger.ms={}, max_in_flight/endpoint={}, \
-             http total timeout={:?}, raw: {} connections for {:?}, latency run {:?}, phase deadline {:?}",
+             http total timeout={:?}, raw: {} connections for {:?}, latency run {:?} after a {:?} warm-up, \
+             phase deadline {:?}",
             s.events,
             s.isolation_events,
             s.endpoints,
@@ -906,6 +947,7 @@ impl Report {
             s.raw_connections,
             s.raw,
             s.latency,
+            s.latency_warmup,
             s.phase_deadline,
         );
     }
@@ -914,6 +956,7 @@ impl Report {
 async fn run(s: Settings) -> Report {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load_before = load_average();
+    let broker_age = local_broker_pid().as_deref().and_then(process_age);
     let stop = CancellationToken::new();
     let rx = Receiver::start(s.endpoints, stop.clone()).await;
 
@@ -1021,6 +1064,28 @@ async fn run(s: Settings) -> Report {
         "bench: latency run, {events_per_s:.0} events/s ({half:.0} deliveries/s) for {:?}",
         s.latency
     );
+    let warm = (events_per_s * s.latency_warmup.as_secs_f64()).ceil() as u64;
+    if warm > 0 {
+        eprintln!(
+            "bench: latency warm-up, {:?} at the same rate (not measured)",
+            s.latency_warmup
+        );
+        let watch = rx.spawn_watch(
+            all.clone(),
+            warm * e,
+            s.latency_warmup + Duration::from_secs(20),
+        );
+        produce(
+            &producer,
+            &topic,
+            'w',
+            warm,
+            s.body_bytes,
+            Some(events_per_s),
+        )
+        .await;
+        let _ = watch.await;
+    }
     rx.state.recording.store(true, Ordering::Relaxed);
     let lat_watch = rx.spawn_watch(all.clone(), n * e, s.latency + Duration::from_secs(20));
     let cpu_before = cpu_sample(broker.as_deref());
@@ -1130,6 +1195,7 @@ async fn run(s: Settings) -> Report {
         settings: s,
         cpus,
         load_before,
+        broker_age,
         load_after: load_average(),
         raw,
         throughput,
