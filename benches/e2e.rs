@@ -10,11 +10,10 @@
 //!    deliveries/s is the receiver's rate between 10% and 90% of the deliveries (no warm-up, no
 //!    tail);
 //! 4. latency: events paced at half the sustained rate; event-to-delivery latency is the
-//!    receiver's arrival time minus the time the bench handed the event to its producer. A
-//!    warm-up at the same pace goes first and is not measured: the throughput run does not warm
-//!    the broker's paced path, and a broker started minutes before (a fresh `tests/services up`)
-//!    still compiles it (the broker's CPU per paced delivery was 41-64 µs in the first two runs
-//!    after a restart, 19-27 µs later);
+//!    receiver's arrival time minus the time the bench handed the event to its producer. A 5 s
+//!    warm-up at the same pace goes first and is not measured, since the throughput run does not
+//!    warm the broker's paced path; a broker younger than [`BROKER_WARM`] may still be compiling
+//!    it, and the report says so;
 //! 5. isolation: the same number of events twice, first with every endpoint healthy, then with
 //!    one endpoint (one in ten by default) that never answers; the healthy endpoints' rate in
 //!    the second run is compared with their rate in the first (and, for reference, with their
@@ -42,8 +41,9 @@
 //! `HOOKLINE_BENCH_MAX_IN_FLIGHT` (per endpoint, config default 16),
 //! `HOOKLINE_BENCH_TIMEOUT_S` (hookline's total HTTP timeout, config default 15),
 //! `HOOKLINE_BENCH_RAW_S` (5), `HOOKLINE_BENCH_RAW_CONNECTIONS` (64), `HOOKLINE_BENCH_LATENCY_S`
-//! (10), `HOOKLINE_BENCH_LATENCY_WARMUP_S` (5; 0 skips the warm-up), `HOOKLINE_BENCH_LATENCY_RATE` (deliveries/s of the latency run; half the sustained rate
-//! by default), `HOOKLINE_BENCH_ISOLATION_EVENTS` (half of the throughput events),
+//! (10), `HOOKLINE_BENCH_LATENCY_WARMUP_S` (5; 0 skips the warm-up),
+//! `HOOKLINE_BENCH_LATENCY_RATE` (deliveries/s of the latency run; half the sustained rate by
+//! default), `HOOKLINE_BENCH_ISOLATION_EVENTS` (half of the throughput events),
 //! `HOOKLINE_BENCH_PHASE_S` (deadline of each delivery phase, 60), `HOOKLINE_BENCH_LOG`
 //! (a tracing filter, e.g. `hookline=info`).
 
