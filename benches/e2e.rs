@@ -470,20 +470,31 @@ struct CpuSample {
     total: u64,
 }
 
-/// utime + stime of a process, from `/proc/<pid>/stat` (fields 14 and 15; the command name
-/// before them is in parentheses and may hold spaces).
-fn process_ticks(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+/// Clock ticks per second of `/proc` times (`USER_HZ`, 100 on Linux).
+const TICKS_PER_S: f64 = 100.0;
+
+/// Field `n` (1-based, as `man proc` numbers them) of `/proc/<pid>/stat`, from field 3 on: the
+/// command name before it is in parentheses and may hold spaces.
+fn stat_field<T: std::str::FromStr>(stat: &str, n: usize) -> Option<T> {
+    let after_name = stat.rsplit_once(')')?.1;
+    after_name
+        .split_whitespace()
+        .nth(n.checked_sub(3)?)?
+        .parse()
+        .ok()
 }
 
-/// How long the process `pid` has run (its start time in `/proc/<pid>/stat` against the
-/// machine's uptime), assuming 100 clock ticks per second as [`cpu_use`] does.
+/// utime + stime of a process, from `/proc/<pid>/stat` (fields 14 and 15).
+fn process_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat_field::<u64>(&stat, 14)? + stat_field::<u64>(&stat, 15)?)
+}
+
+/// How long the process `pid` has run: its start time (`/proc/<pid>/stat` field 22) against
+/// the machine's uptime.
 fn process_age(pid: &str) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let started_s = fields.get(19)?.parse::<f64>().ok()? / 100.0;
+    let started_s = stat_field::<f64>(&stat, 22)? / TICKS_PER_S;
     let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
     let up_s: f64 = uptime.split_whitespace().next()?.parse().ok()?;
     Some(Duration::from_secs_f64((up_s - started_s).max(0.0)))
@@ -541,7 +552,7 @@ struct CpuUse {
 
 fn cpu_use(before: Option<CpuSample>, after: Option<CpuSample>, delivered: u64) -> Option<CpuUse> {
     let (a, b) = (before?, after?);
-    let per = |ticks: u64| ticks as f64 * 10_000.0 / delivered.max(1) as f64;
+    let per = |ticks: u64| ticks as f64 * 1e6 / TICKS_PER_S / delivered.max(1) as f64;
     Some(CpuUse {
         bench_us: per(b.bench - a.bench),
         broker_us: a.broker.zip(b.broker).map(|(x, y)| per(y - x)),
@@ -956,7 +967,8 @@ impl Report {
 async fn run(s: Settings) -> Report {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load_before = load_average();
-    let broker_age = local_broker_pid().as_deref().and_then(process_age);
+    let broker = local_broker_pid();
+    let broker_age = broker.as_deref().and_then(process_age);
     let stop = CancellationToken::new();
     let rx = Receiver::start(s.endpoints, stop.clone()).await;
 
@@ -1030,7 +1042,6 @@ async fn run(s: Settings) -> Report {
     );
 
     // 3. Throughput: produce everything, watch the receiver.
-    let broker = local_broker_pid();
     let expected = s.events * e;
     let watcher = rx.spawn_watch(all.clone(), expected, s.phase_deadline);
     let cpu_before = cpu_sample(broker.as_deref());
@@ -1059,12 +1070,13 @@ async fn run(s: Settings) -> Report {
         .unwrap_or(throughput.steady_per_s / 2.0)
         .max(e as f64);
     let events_per_s = half / e as f64;
-    let n = (events_per_s * s.latency.as_secs_f64()).ceil() as u64;
+    let events_in = |d: Duration| (events_per_s * d.as_secs_f64()).ceil() as u64;
+    let n = events_in(s.latency);
     eprintln!(
         "bench: latency run, {events_per_s:.0} events/s ({half:.0} deliveries/s) for {:?}",
         s.latency
     );
-    let warm = (events_per_s * s.latency_warmup.as_secs_f64()).ceil() as u64;
+    let warm = events_in(s.latency_warmup);
     if warm > 0 {
         eprintln!(
             "bench: latency warm-up, {:?} at the same rate (not measured)",
