@@ -18,13 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use rdkafka::Message;
 use rdkafka::producer::FutureProducer;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use url::Url;
 
 use crate::attempt::{Attempt, AttemptResult, ErrorClass};
 use crate::breaker::{self, Transition};
@@ -35,7 +34,7 @@ use crate::lane::{LaneConfig, Lanes, LanesConfig, Permit, Refusal};
 use crate::record::{DeadInfo, DeliveryRecord, UnixMillis};
 use crate::registry::{EndpointStore, EndpointView};
 use crate::retry_policy::{DeadReason, Decision, RetryPolicy, classify};
-use crate::sender::{OutboundRequest, Sender};
+use crate::sender::{OutboundRequest, Sender, Target};
 use crate::signing::{Ed25519SigningKey, Signer, SignerKey, SigningKey, SigningSecret};
 use crate::stage::{Outgoing, RebalanceEvent, Settlements, StageConsumer, Tp, produce_until_acked};
 use crate::storage::{AttemptOutcome, AttemptRow, DeliveryStore};
@@ -132,13 +131,13 @@ fn signing_keys(endpoint: &Endpoint, now: SystemTime) -> Vec<SignerKey> {
         .collect()
 }
 
-/// What every attempt to one version of an endpoint shares: its parsed URL and its signer.
+/// What every attempt to one version of an endpoint shares: its request target and its signer.
 /// Built once per endpoint version (and again when one of its secrets expires), not per
 /// attempt: parsing the URL and keying the HMACs cost more than signing one body.
 pub struct SendPlan {
     version: u64,
     url_text: String,
-    url: Result<Url, String>,
+    target: Result<Target, String>,
     signer: Option<Signer>,
     key_ids: Vec<String>,
     /// The earliest expiry among the active secrets: from then on the signer is stale.
@@ -156,7 +155,7 @@ impl SendPlan {
         SendPlan {
             version: endpoint.version,
             url_text: endpoint.url.clone(),
-            url: Url::parse(&endpoint.url).map_err(|e| format!("endpoint URL does not parse: {e}")),
+            target: Target::parse(&endpoint.url).map_err(|e| format!("endpoint URL {e}")),
             signer,
             key_ids,
             valid_until: endpoint
@@ -206,7 +205,7 @@ fn prepare(
     now: SystemTime,
 ) -> Result<(OutboundRequest, Vec<String>), Unsendable> {
     let signer = plan.signer.as_ref().ok_or(Unsendable::NoKey)?;
-    let url = plan.url.clone().map_err(Unsendable::BadUrl)?;
+    let target = plan.target.clone().map_err(Unsendable::BadUrl)?;
     let mut headers = HeaderMap::with_capacity(6);
     let signed = signer.headers(record.event_id.as_str(), unix_secs(now), &record.body);
     for (name, value) in signed.iter() {
@@ -227,7 +226,7 @@ fn prepare(
     }
     Ok((
         OutboundRequest {
-            url,
+            target,
             headers,
             body: record.body.clone(),
         },

@@ -22,13 +22,12 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use reqwest::header::{HeaderMap, HeaderValue};
-use url::Url;
+use http::header::{HeaderMap, HeaderValue};
 
 use super::SendArgs;
 use crate::attempt::{Attempt, AttemptResult, ErrorClass};
 use crate::retry_policy::{Verdict, classify, parse_retry_after};
-use crate::sender::{OutboundRequest, Sender, SenderConfig};
+use crate::sender::{OutboundRequest, Sender, SenderConfig, Target};
 use crate::signing::{Signer, SignerKey, SigningKey};
 use crate::ssrf::Policy;
 
@@ -45,13 +44,8 @@ pub(super) fn send(args: &SendArgs) -> ExitCode {
 }
 
 fn prepare(args: &SendArgs) -> Result<(SenderConfig, OutboundRequest), String> {
-    let url = Url::parse(&args.url).map_err(|e| format!("invalid URL {:?}: {e}", args.url))?;
-    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return Err(format!(
-            "invalid URL {:?}: must be an https:// (or http://) URL with a host",
-            args.url
-        ));
-    }
+    let target =
+        Target::parse(&args.url).map_err(|e| format!("invalid URL {:?}: {e}", args.url))?;
     let body = Bytes::from(args.body.bytes()?);
     let mut config = SenderConfig {
         allow_http: args.dangerous_allow_http,
@@ -74,7 +68,14 @@ fn prepare(args: &SendArgs) -> Result<(SenderConfig, OutboundRequest), String> {
         .map_err(|_| "system clock is before 1970".to_owned())?
         .as_secs();
     let headers = signed_headers(&args.secrets, &id, timestamp, &body)?;
-    Ok((config, OutboundRequest { url, headers, body }))
+    Ok((
+        config,
+        OutboundRequest {
+            target,
+            headers,
+            body,
+        },
+    ))
 }
 
 /// The three Standard Webhooks headers, signed with every `--secret` (key ids `cli_1`, ...).

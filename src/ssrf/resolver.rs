@@ -2,14 +2,18 @@
 //! resolved address against the [`Policy`], and hands the connector only checked addresses. One
 //! lookup per connection, so a DNS answer cannot change between the check and the connect.
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{LookupIpStrategy, NameServerConfig, ResolverConfig, ResolverOpts};
 use hickory_resolver::name_server::TokioConnectionProvider;
 use hickory_resolver::proto::xfer::Protocol;
+use hyper_util::client::legacy::connect::dns::Name;
 
 use super::{Blocked, Policy};
 
@@ -109,15 +113,26 @@ impl Resolver {
     }
 }
 
-impl reqwest::dns::Resolve for Resolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+/// What the sender's connector asks for: the checked addresses of one host name, each with
+/// port 0 (the connector substitutes the URL's port or the scheme's default).
+impl tower_service::Service<Name> for Resolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = LookupError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, LookupError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), LookupError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
             let addrs = this.lookup(name.as_str()).await?;
-            // Port 0: reqwest substitutes the URL's port (or the scheme default).
-            let addrs: reqwest::dns::Addrs =
-                Box::new(addrs.into_iter().map(|ip| SocketAddr::new(ip, 0)));
-            Ok(addrs)
+            Ok(addrs
+                .into_iter()
+                .map(|ip| SocketAddr::new(ip, 0))
+                .collect::<Vec<_>>()
+                .into_iter())
         })
     }
 }

@@ -106,6 +106,23 @@ async fn given_id_and_every_secret_are_used() {
 }
 
 #[tokio::test]
+async fn url_credentials_are_sent_as_basic_authorization_not_in_the_request_line() {
+    let receiver = Receiver::fixed(Reply::status(200)).await;
+    let url = format!("http://ops:p%40ss@127.0.0.1:{}/hook?x=1", receiver.port());
+    let run = send(&url, &LOCAL).await;
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let r = &receiver.requests()[0];
+    assert_eq!(r.path, "/hook?x=1");
+    // base64("ops:p@ss")
+    assert_eq!(r.header("authorization"), Some("Basic b3BzOnBAc3M="));
+    assert_eq!(
+        r.header("host"),
+        Some(&*format!("127.0.0.1:{}", receiver.port()))
+    );
+    assert!(!run.stdout.contains("p%40ss") && !run.stdout.contains("ops:"));
+}
+
+#[tokio::test]
 async fn server_errors_are_retried() {
     let (_r, run, json) = outcome_of(Reply::status(500).body("boom")).await;
     assert_eq!(run.code, 1);
