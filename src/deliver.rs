@@ -488,7 +488,10 @@ pub async fn run(
                     let offset = m.offset();
                     stage.settlements.track(&tp, offset);
                     let decoded = DeliveryRecord::from_message(&m);
-                    let raw = (m.key().map(<[u8]>::to_vec), m.payload().map(Bytes::copy_from_slice));
+                    // The raw bytes are only needed to forward an undecodable record as it was.
+                    let raw = decoded.is_err().then(|| {
+                        (m.key().map(<[u8]>::to_vec), m.payload().map(Bytes::copy_from_slice))
+                    });
                     drop(m);
                     let pause = stage.settlements.needs_pause(&tp);
                     stage.on_record(tp, offset, decoded, raw);
@@ -545,7 +548,7 @@ impl Stage {
         tp: Tp,
         offset: i64,
         decoded: Result<DeliveryRecord, crate::record::RecordError>,
-        raw: (Option<Vec<u8>>, Option<Bytes>),
+        raw: Option<(Option<Vec<u8>>, Option<Bytes>)>,
     ) {
         let record = match decoded {
             Ok(r) => r,
@@ -561,11 +564,12 @@ impl Stage {
                         key: crate::input::INVALID_DETAIL_HEADER,
                         value: Some(e.to_string().as_str()),
                     });
+                let (key, payload) = raw.unwrap_or_default();
                 let out = Outgoing {
                     topic: self.deps.invalid_topic.clone(),
-                    key: raw.0.unwrap_or_default(),
+                    key: key.unwrap_or_default(),
                     headers,
-                    payload: raw.1.unwrap_or_default(),
+                    payload: payload.unwrap_or_default(),
                 };
                 self.produce_then_settle(tp, offset, out);
                 return;

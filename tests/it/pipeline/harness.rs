@@ -195,11 +195,15 @@ impl Pipeline {
 
     /// Produces raw bytes to the events topic (for malformed-input tests).
     pub async fn post_raw(&self, key: &str, value: &[u8]) {
+        self.produce_raw(&self.config.kafka.topics.events, key, value)
+            .await;
+    }
+
+    /// Produces raw bytes, without headers, to `topic`.
+    pub async fn produce_raw(&self, topic: &str, key: &str, value: &[u8]) {
         self.producer()
             .send(
-                FutureRecord::to(&self.config.kafka.topics.events)
-                    .key(key)
-                    .payload(value),
+                FutureRecord::to(topic).key(key).payload(value),
                 Duration::from_secs(10),
             )
             .await

@@ -10,7 +10,7 @@ use hookline::config::Config;
 use hookline::record::header;
 use hookline::retry_policy::DeadReason;
 use rdkafka::Message;
-use rdkafka::message::Headers;
+use rdkafka::message::{Headers, OwnedMessage};
 use serde_json::json;
 
 use crate::support::receiver::{Receiver, Reply};
@@ -310,6 +310,23 @@ async fn hanging_beside_healthy(mut config: Config, on: On, n: usize) -> (Pipeli
     (p, slow)
 }
 
+/// Reads the one record expected on the invalid topic and checks it is `payload` unchanged,
+/// with `reason` in its reason header.
+async fn the_invalid_record(p: &Pipeline, payload: &[u8], reason: &str) -> OwnedMessage {
+    let mut invalid = p.read(&p.config.kafka.topics.invalid, 1, WAIT).await;
+    let record = invalid.remove(0);
+    assert_eq!(record.payload(), Some(payload), "kept as it was");
+    let found = record
+        .headers()
+        .unwrap()
+        .iter()
+        .find(|h| h.key == hookline::input::INVALID_REASON_HEADER)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned());
+    assert_eq!(found.as_deref(), Some(reason));
+    record
+}
+
 /// A record that is neither a Debezium outbox record nor a native event lands in the invalid
 /// topic with a reason, and the events behind it are still delivered.
 async fn malformed_input_goes_to_the_invalid_topic(on: On) {
@@ -319,20 +336,23 @@ async fn malformed_input_goes_to_the_invalid_topic(on: On) {
     p.post_raw("k", b"this is not json").await;
     p.post(&[("after_bad", "acme", "t", json!({}))]).await;
     r.wait_for(1, WAIT).await;
-    let invalid = p.read(&p.config.kafka.topics.invalid, 1, WAIT).await;
-    assert_eq!(
-        invalid[0].payload(),
-        Some(&b"this is not json"[..]),
-        "kept as it was"
-    );
-    let reason = invalid[0]
-        .headers()
-        .unwrap()
-        .iter()
-        .find(|h| h.key == hookline::input::INVALID_REASON_HEADER)
-        .and_then(|h| h.value)
-        .map(|v| String::from_utf8_lossy(v).into_owned());
-    assert_eq!(reason.as_deref(), Some("not_json"));
+    the_invalid_record(&p, b"this is not json", "not_json").await;
+    p.stop().await;
+}
+
+/// A record on the deliveries topic that is not a delivery record (no hookline headers) is
+/// forwarded to the invalid topic byte for byte, and the deliveries behind it go on.
+async fn an_undecodable_delivery_record_goes_to_the_invalid_topic(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let r = Receiver::fixed(Reply::status(200)).await;
+    p.endpoint("acme", &r.url("/"), &["*"]).await;
+    let stray = br#"{"not":"a delivery"}"#;
+    p.produce_raw(&p.config.kafka.topics.deliveries, "ep_stray", stray)
+        .await;
+    p.post(&[("after_stray", "acme", "t", json!({}))]).await;
+    r.wait_for(1, WAIT).await;
+    let record = the_invalid_record(&p, stray, "bad_delivery_record").await;
+    assert_eq!(record.key(), Some(&b"ep_stray"[..]));
     p.stop().await;
 }
 
@@ -500,6 +520,7 @@ on_both!(
     a_hanging_endpoint_does_not_slow_the_others,
     a_hanging_endpoint_does_not_hold_up_its_partition,
     malformed_input_goes_to_the_invalid_topic,
+    an_undecodable_delivery_record_goes_to_the_invalid_topic,
     a_restart_mid_stream_loses_nothing,
     a_dlq_range_replays_with_the_replay_header,
 );
