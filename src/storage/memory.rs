@@ -22,6 +22,11 @@ use crate::id::{DeliveryId, EndpointId, EventId};
 /// Ordering key of an endpoint's history: newest first means iterating this in reverse.
 type HistoryKey = (u128, DeliveryId);
 
+/// The tables' hasher: foldhash, not SipHash. Every attempt does five or six lookups under the
+/// store's lock, and the keys are ids hookline made, not attacker-chosen.
+type Hasher = foldhash::fast::RandomState;
+type Table<K, V> = HashMap<K, V, Hasher>;
+
 /// One delivery: its state and its attempts, oldest first.
 struct Entry {
     state: DeliveryState,
@@ -29,9 +34,10 @@ struct Entry {
 }
 
 struct Inner {
-    deliveries: HashMap<DeliveryId, Box<Entry>>,
-    by_endpoint: HashMap<EndpointId, BTreeSet<HistoryKey>>,
-    by_event: HashMap<EventId, BTreeSet<DeliveryId>>,
+    deliveries: Table<DeliveryId, Box<Entry>>,
+    by_endpoint: Table<EndpointId, BTreeSet<HistoryKey>>,
+    /// An event's deliveries, in the order they were first seen (one per endpoint: short).
+    by_event: Table<EventId, Vec<DeliveryId>>,
     /// Deliveries in the order they were first seen, for eviction.
     arrival: VecDeque<DeliveryId>,
     replays: VecDeque<ReplayAudit>,
@@ -93,9 +99,9 @@ impl Inner {
     fn sized_for(capacity: usize) -> Inner {
         let slots = capacity.saturating_mul(SLOTS_PER_DELIVERY);
         Inner {
-            deliveries: HashMap::with_capacity(slots),
-            by_endpoint: HashMap::new(),
-            by_event: HashMap::with_capacity(slots),
+            deliveries: HashMap::with_capacity_and_hasher(slots, Hasher::default()),
+            by_endpoint: HashMap::default(),
+            by_event: HashMap::with_capacity_and_hasher(slots, Hasher::default()),
             arrival: VecDeque::with_capacity(capacity),
             replays: VecDeque::new(),
         }
@@ -114,7 +120,7 @@ impl Inner {
                 }
             }
             if let Some(set) = self.by_event.get_mut(&state.event_id) {
-                set.remove(&id);
+                set.retain(|d| *d != id);
                 if set.is_empty() {
                     self.by_event.remove(&state.event_id);
                 }
@@ -143,7 +149,7 @@ impl DeliveryStore for MemoryStore {
                 .by_event
                 .entry(row.event_id.clone())
                 .or_default()
-                .insert(row.delivery_id.clone());
+                .push(row.delivery_id.clone());
             inner.deliveries.insert(
                 row.delivery_id.clone(),
                 Box::new(Entry {
@@ -244,13 +250,16 @@ impl DeliveryStore for MemoryStore {
 
     async fn event_deliveries(&self, event: &EventId) -> Result<Vec<DeliveryState>, StoreError> {
         let inner = self.lock();
-        Ok(inner
+        let mut states: Vec<DeliveryState> = inner
             .by_event
             .get(event)
             .into_iter()
             .flatten()
             .filter_map(|id| inner.deliveries.get(id).map(|e| e.state.clone()))
-            .collect())
+            .collect();
+        // Ordered by delivery id, as the CQL store's clustering orders them.
+        states.sort_by(|a, b| a.delivery_id.cmp(&b.delivery_id));
+        Ok(states)
     }
 
     async fn record_replay(&self, audit: &ReplayAudit) -> Result<(), StoreError> {
