@@ -152,6 +152,10 @@ pub struct KafkaConfig {
     pub client: BTreeMap<String, String>,
     /// Partition count of the deliveries topic (and of the tier topics).
     pub partitions: u32,
+    /// Partition count of the native events topic (`POST /v1/events`) when hookline creates
+    /// it; `partitions` when unset. It carries one record per event, not per endpoint, and
+    /// sets how many fan-out instances can share the ingest.
+    pub events_partitions: Option<u32>,
     /// Topic names.
     pub topics: TopicsConfig,
     /// Input topics carrying Debezium outbox records, by name.
@@ -168,6 +172,7 @@ impl Default for KafkaConfig {
             bootstrap_servers: "localhost:9092".into(),
             client: BTreeMap::new(),
             partitions: 12,
+            events_partitions: None,
             topics: TopicsConfig::default(),
             input_topics: vec![],
             input_pattern: Some(r"^outbox\.event\..*".into()),
@@ -647,6 +652,12 @@ impl Config {
             return Err(invalid(
                 "kafka.partitions",
                 format!("= {} must be between 1 and 10000", k.partitions),
+            ));
+        }
+        if let Some(n) = k.events_partitions.filter(|n| !(1..=10_000).contains(n)) {
+            return Err(invalid(
+                "kafka.events_partitions",
+                format!("= {n} must be between 1 and 10000"),
             ));
         }
         if k.group_prefix.is_empty()
@@ -1280,6 +1291,7 @@ mod tests {
             [kafka]
             bootstrap_servers = "k1:9092,k2:9092"
             partitions = 24
+            events_partitions = 3
             input_topics = ["outbox.event.order"]
             input_pattern = '^outbox\..*'
             [kafka.client]
@@ -1308,6 +1320,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.kafka.partitions, 24);
+        assert_eq!(c.kafka.events_partitions, Some(3));
         assert_eq!(c.kafka.client["linger.ms"], "0");
         assert_eq!(c.retry.multiplier, 3.0);
         assert_eq!(
@@ -1442,6 +1455,10 @@ mod tests {
             (
                 "[kafka]\npartitions = \"x\"",
                 "kafka.partitions is wrong: invalid type: string \"x\"",
+            ),
+            (
+                "[kafka]\nevents_partitions = 0",
+                "kafka.events_partitions = 0 must be between 1 and 10000",
             ),
             (
                 "[kafka]\ninput_pattern = 'outbox'",

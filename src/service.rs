@@ -100,7 +100,12 @@ pub fn topic_specs(config: &Config) -> Vec<TopicSpec> {
         spec(&k.topics.endpoints, p.min(6), true),
         spec(&k.topics.dlq, p, false),
         spec(&k.topics.invalid, 1, false),
-        spec(&k.topics.events, p, false),
+        spec(
+            &k.topics.events,
+            k.events_partitions
+                .map_or(p, |n| i32::try_from(n).unwrap_or(i32::MAX)),
+            false,
+        ),
     ];
     for (_, topic) in config.tier_topics() {
         specs.push(spec(&topic, p, false));
@@ -311,4 +316,36 @@ pub fn install_metrics(config: &Config) -> Result<(), ServiceError> {
         addr: config.metrics.listen,
         detail: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn partitions_of(config: &Config, topic: &str) -> i32 {
+        topic_specs(config)
+            .into_iter()
+            .find(|s| s.name == topic)
+            .unwrap_or_else(|| panic!("no spec for {topic}"))
+            .partitions
+    }
+
+    #[test]
+    fn the_events_topic_takes_its_own_partition_count_when_given() {
+        let mut config = Config::default();
+        config.kafka.partitions = 24;
+        let events = config.kafka.topics.events.clone();
+        let deliveries = config.kafka.topics.deliveries.clone();
+        assert_eq!(
+            partitions_of(&config, &events),
+            24,
+            "defaults to kafka.partitions"
+        );
+        config.kafka.events_partitions = Some(3);
+        assert_eq!(partitions_of(&config, &events), 3);
+        assert_eq!(partitions_of(&config, &deliveries), 24);
+        for (_, tier) in config.tier_topics() {
+            assert_eq!(partitions_of(&config, &tier), 24, "{tier}");
+        }
+    }
 }
