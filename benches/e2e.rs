@@ -26,9 +26,10 @@
 //! machine, Kafka; and how busy the whole machine was. A p99 far above p50 on a machine near
 //! 100% busy is queueing for the CPU, not a stall in hookline.
 //!
-//! During the latency run two timers tick every millisecond, one as a task on the bench's tokio
+//! During the latency run two timers tick every 5 ms, one as a task on the bench's tokio
 //! runtime (where hookline, the receiver and the load generator run) and one on a plain thread;
-//! the report counts the ticks that came more than 20 ms late. Late ticks on the runtime only
+//! the report counts the ticks that came more than 20 ms late. (At 1 ms they cost the run 3-4%
+//! of a core themselves, in the phase they watch.) Late ticks on the runtime only
 //! mean something held its workers (a lock around long work, a blocking call); late ticks on
 //! both mean the machine ran out of CPU.
 //!
@@ -37,7 +38,9 @@
 //! `HOOKLINE_BENCH_ENDPOINTS` (10), `HOOKLINE_BENCH_PARTITIONS` (12), `HOOKLINE_BENCH_BODY`
 //! (delivered body bytes, 1024), `HOOKLINE_BENCH_STORE` (`memory` | `scylla`: the CQL store of
 //! `tests/services up`, keyspace `hookline`, migrated first),
-//! `HOOKLINE_BENCH_KAFKA` (bootstrap, 127.0.0.1:9092), `HOOKLINE_BENCH_LINGER_MS` (2),
+//! `HOOKLINE_BENCH_EVENT_PARTITIONS` (the events topic's; `kafka.partitions` when unset),
+//! `HOOKLINE_BENCH_KAFKA` (bootstrap, 127.0.0.1:9092), `HOOKLINE_BENCH_LINGER_MS` (the load
+//! generator's linger, 2; hookline's own producers keep their default),
 //! `HOOKLINE_BENCH_MAX_IN_FLIGHT` (per endpoint, config default 16),
 //! `HOOKLINE_BENCH_TIMEOUT_S` (hookline's total HTTP timeout, config default 15),
 //! `HOOKLINE_BENCH_RAW_S` (5), `HOOKLINE_BENCH_RAW_CONNECTIONS` (64), `HOOKLINE_BENCH_LATENCY_S`
@@ -45,7 +48,9 @@
 //! `HOOKLINE_BENCH_LATENCY_RATE` (deliveries/s of the latency run; half the sustained rate by
 //! default), `HOOKLINE_BENCH_ISOLATION_EVENTS` (half of the throughput events),
 //! `HOOKLINE_BENCH_PHASE_S` (deadline of each delivery phase, 60), `HOOKLINE_BENCH_LOG`
-//! (a tracing filter, e.g. `hookline=info`).
+//! (a tracing filter, e.g. `hookline=info`), `HOOKLINE_BENCH_LATENCY_DUMP` (a file to write
+//! every measured delivery to: hand-over time, latency, endpoint, partition; for finding when
+//! and where a run's tail happened).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -84,6 +89,7 @@ struct Settings {
     events: u64,
     endpoints: usize,
     partitions: u32,
+    event_partitions: Option<u32>,
     body_bytes: usize,
     store: String,
     kafka: String,
@@ -115,6 +121,12 @@ impl Settings {
             events,
             endpoints: env("HOOKLINE_BENCH_ENDPOINTS", 10usize).max(2),
             partitions: env("HOOKLINE_BENCH_PARTITIONS", 12u32),
+            event_partitions: std::env::var("HOOKLINE_BENCH_EVENT_PARTITIONS")
+                .ok()
+                .map(|v| {
+                    v.parse()
+                        .expect("HOOKLINE_BENCH_EVENT_PARTITIONS is a number")
+                }),
             body_bytes: env("HOOKLINE_BENCH_BODY", 1024usize),
             store: env("HOOKLINE_BENCH_STORE", "memory".to_owned()),
             kafka: env("HOOKLINE_BENCH_KAFKA", "127.0.0.1:9092".to_owned()),
@@ -151,7 +163,7 @@ struct ReceiverState {
     hang: Vec<AtomicBool>,
     /// Record (event sequence, arrival) of every `l<seq>` webhook-id while set.
     recording: AtomicBool,
-    arrivals: Mutex<Vec<(u64, u64)>>,
+    arrivals: Mutex<Vec<(u64, u64, usize)>>,
     /// The largest body seen on an endpoint path (to report the real delivered size).
     max_body: AtomicU64,
 }
@@ -273,7 +285,7 @@ async fn answer(state: &ReceiverState, req: Request<Incoming>) -> Response<Empty
                     .arrivals
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .push((seq, arrived));
+                    .push((seq, arrived, i));
             }
         }
         None => {
@@ -398,6 +410,24 @@ async fn produce(
         }
     }
     created
+}
+
+/// Writes one line per measured delivery, in arrival order: the event's hand-over to the
+/// producer (µs since the epoch), its latency (µs), the endpoint and its deliveries partition.
+fn dump_latencies(path: &str, arrivals: &[(u64, u64, usize)], created: &[u64], partitions: &[i32]) {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(path)
+            .unwrap_or_else(|e| panic!("HOOKLINE_BENCH_LATENCY_DUMP={path}: {e}")),
+    );
+    let _ = writeln!(out, "created_us latency_us endpoint partition");
+    for &(seq, at, endpoint) in arrivals {
+        if let Some(&made) = usize::try_from(seq).ok().and_then(|s| created.get(s)) {
+            let p = partitions.get(endpoint).copied().unwrap_or(-1);
+            let _ = writeln!(out, "{made} {} {endpoint} {p}", at.saturating_sub(made));
+        }
+    }
+    eprintln!("bench: latencies written to {path}");
 }
 
 /// A delivery phase's result: count reached, seconds taken, and the steady rate between 10%
@@ -561,7 +591,7 @@ fn cpu_use(before: Option<CpuSample>, after: Option<CpuSample>, delivered: u64) 
     })
 }
 
-/// How late a 1 ms timer's ticks came during a phase.
+/// How late a [`TICK`] timer's ticks came during a phase.
 #[derive(Debug, Clone, Copy, Default)]
 struct Stalls {
     /// Ticks more than [`LATE`] after they were due.
@@ -572,7 +602,7 @@ struct Stalls {
 
 /// A tick this late counts as a stall.
 const LATE: Duration = Duration::from_millis(20);
-const TICK: Duration = Duration::from_millis(1);
+const TICK: Duration = Duration::from_millis(5);
 
 impl Stalls {
     fn tick(&mut self, slept: Duration) {
@@ -584,7 +614,7 @@ impl Stalls {
     }
 }
 
-/// Ticks every millisecond as a task on this runtime until `stop`; returns how late it ran.
+/// Ticks every [`TICK`] as a task on this runtime until `stop`; returns how late it ran.
 fn runtime_stalls(stop: CancellationToken) -> tokio::task::JoinHandle<Stalls> {
     tokio::spawn(async move {
         let mut st = Stalls::default();
@@ -597,7 +627,7 @@ fn runtime_stalls(stop: CancellationToken) -> tokio::task::JoinHandle<Stalls> {
     })
 }
 
-/// Ticks every millisecond on a plain thread until `stop`; returns how late it ran.
+/// Ticks every [`TICK`] on a plain thread until `stop`; returns how late it ran.
 fn thread_stalls(stop: CancellationToken) -> std::thread::JoinHandle<Stalls> {
     std::thread::spawn(move || {
         let mut st = Stalls::default();
@@ -619,13 +649,13 @@ fn bench_config(s: &Settings, run: &str) -> Config {
     };
     c.kafka.bootstrap_servers = s.kafka.clone();
     c.kafka.partitions = s.partitions;
+    c.kafka.events_partitions = s.event_partitions;
     c.kafka.topics = TopicsConfig::prefixed(&format!("bench.{run}"));
     c.kafka.group_prefix = format!("bench-{run}");
     c.kafka.input_pattern = None;
-    // dev_defaults' linger 0 suits the mock cluster; a real broker wants a little batching.
-    c.kafka
-        .client
-        .insert("linger.ms".into(), s.linger_ms.to_string());
+    // dev_defaults' linger 0 suits the mock cluster only: on a real broker hookline's producers
+    // run with their production default (kafka::producer_config).
+    c.kafka.client.remove("linger.ms");
     // Extra librdkafka properties for every client: `k=v,k=v`.
     if let Ok(extra) = std::env::var("HOOKLINE_BENCH_CLIENT") {
         for kv in extra.split(',').filter(|kv| !kv.is_empty()) {
@@ -940,14 +970,16 @@ impl Report {
             );
         }
         println!(
-            "settings: events={} (isolation {}), endpoints={} (all subscribed to *), partitions={}, \
-             delivered body={} B (asked {}), store={}, kafka={}, linger.ms={}, max_in_flight/endpoint={}, \
+            "settings: events={} (isolation {}), endpoints={} (all subscribed to *), partitions={} \
+             (events topic {}), delivered body={} B (asked {}), store={}, kafka={}, load generator \
+             linger.ms={}, max_in_flight/endpoint={}, \
              http total timeout={:?}, raw: {} connections for {:?}, latency run {:?} after a {:?} warm-up, \
              phase deadline {:?}",
             s.events,
             s.isolation_events,
             s.endpoints,
             s.partitions,
+            s.event_partitions.unwrap_or(s.partitions),
             self.body_seen,
             s.body_bytes,
             s.store,
@@ -1022,10 +1054,13 @@ async fn run(s: Settings) -> Report {
             .expect("endpoint written");
         ids.push(endpoint.id.as_str().to_owned());
     }
-    let producer: FutureProducer =
-        producer_config(&config.kafka.bootstrap_servers, &config.kafka.client)
-            .create()
-            .expect("producer");
+    // The load generator stands for the producers upstream of hookline (the admin API's, a
+    // Debezium connector's): its linger is the bench's to choose.
+    let mut upstream = config.kafka.client.clone();
+    upstream.insert("linger.ms".into(), s.linger_ms.to_string());
+    let producer: FutureProducer = producer_config(&config.kafka.bootstrap_servers, &upstream)
+        .create()
+        .expect("producer");
     let topic = config.kafka.topics.events.clone();
     let e = s.endpoints as u64;
     let all: Vec<usize> = (0..s.endpoints).collect();
@@ -1133,11 +1168,14 @@ async fn run(s: Settings) -> Report {
         std::mem::take(&mut *rx.state.arrivals.lock().unwrap_or_else(|e| e.into_inner()));
     let mut lat: Vec<u64> = arrivals
         .iter()
-        .filter_map(|&(seq, at)| {
+        .filter_map(|&(seq, at, _)| {
             let made = *created.get(usize::try_from(seq).ok()?)?;
             Some(at.saturating_sub(made))
         })
         .collect();
+    if let Ok(path) = std::env::var("HOOKLINE_BENCH_LATENCY_DUMP") {
+        dump_latencies(&path, &arrivals, &created, &partitions);
+    }
     lat.sort_unstable();
     let latency = (!lat.is_empty()).then(|| {
         (
