@@ -206,7 +206,10 @@ fn prepare(
 ) -> Result<(OutboundRequest, Vec<String>), Unsendable> {
     let signer = plan.signer.as_ref().ok_or(Unsendable::NoKey)?;
     let target = plan.target.clone().map_err(Unsendable::BadUrl)?;
-    let mut headers = HeaderMap::with_capacity(6);
+    // Room for every header the request ends with: the signature's three, the attempt, a
+    // replay id, and what the sender and the HTTP client add (content type, user agent,
+    // authorization, host). A map that fills up is rehashed into one twice its size.
+    let mut headers = HeaderMap::with_capacity(10);
     let signed = signer.headers(record.event_id.as_str(), unix_secs(now), &record.body);
     for (name, value) in signed.iter() {
         if let Ok(v) = HeaderValue::try_from(value) {

@@ -343,7 +343,9 @@ pub async fn produce_until_acked(
             future_record = future_record.headers(h);
         }
         let send = producer.send(future_record, Duration::from_secs(5));
+        // `biased`: polled in order, without drawing a random number for every record.
         let result = tokio::select! {
+            biased;
             r = send => r,
             () = shutdown.cancelled() => return false,
         };

@@ -39,10 +39,13 @@ pub enum LookupError {
     },
 }
 
-/// A hickory resolver with the SSRF policy applied to every answer. Cheap to clone.
+/// A hickory resolver with the SSRF policy applied to every answer. Cheap to clone: the HTTP
+/// client clones its connector, and so this resolver, for every request, and a hickory
+/// resolver's own clone copies its configuration and cache handles (allocations on the
+/// delivery path), so it is shared behind an `Arc`.
 #[derive(Clone)]
 pub struct Resolver {
-    inner: TokioResolver,
+    inner: Arc<TokioResolver>,
     policy: Arc<Policy>,
 }
 
@@ -85,7 +88,7 @@ impl Resolver {
         opts.timeout = lookup_timeout;
         opts.attempts = 2;
         Ok(Resolver {
-            inner: builder.build(),
+            inner: Arc::new(builder.build()),
             policy,
         })
     }
