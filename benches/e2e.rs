@@ -50,7 +50,9 @@
 //! `HOOKLINE_BENCH_PHASE_S` (deadline of each delivery phase, 60), `HOOKLINE_BENCH_LOG`
 //! (a tracing filter, e.g. `hookline=info`), `HOOKLINE_BENCH_LATENCY_DUMP` (a file to write
 //! every measured delivery to: hand-over time, latency, endpoint, partition; for finding when
-//! and where a run's tail happened).
+//! and where a run's tail happened), `HOOKLINE_BENCH_TIMELINE` (a file to write each endpoint's
+//! delivered count to every 100 ms, from the throughput run to the end: for seeing whether the
+//! stages serve their partitions side by side or one after another).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -414,6 +416,51 @@ async fn produce(
         }
     }
     created
+}
+
+/// Writes every endpoint's delivered count every 100 ms until `stop`: the seconds since the
+/// start, the phase `phase` names, then one count per endpoint (and its deliveries partition in
+/// the header).
+fn spawn_timeline(
+    path: String,
+    state: Arc<ReceiverState>,
+    partitions: Vec<i32>,
+    phase: Arc<Mutex<&'static str>>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(
+            std::fs::File::create(&path)
+                .unwrap_or_else(|e| panic!("HOOKLINE_BENCH_TIMELINE={path}: {e}")),
+        );
+        let header: Vec<String> = partitions
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("ep{i}/p{p}"))
+            .collect();
+        let _ = writeln!(out, "seconds phase {}", header.join(" "));
+        let started = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let counts: Vec<String> = state
+                .per_endpoint
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed).to_string())
+                .collect();
+            let label = *phase.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = writeln!(
+                out,
+                "{:.1} {label} {}",
+                started.elapsed().as_secs_f64(),
+                counts.join(" ")
+            );
+        }
+    })
 }
 
 /// Writes one line per measured delivery, in arrival order: the event's hand-over to the
@@ -1081,6 +1128,19 @@ async fn run(s: Settings) -> Report {
         s.events
     );
 
+    let phase = Arc::new(Mutex::new("throughput"));
+    let timeline_stop = CancellationToken::new();
+    let timeline = std::env::var("HOOKLINE_BENCH_TIMELINE").ok().map(|path| {
+        spawn_timeline(
+            path,
+            rx.state.clone(),
+            partitions.clone(),
+            phase.clone(),
+            timeline_stop.clone(),
+        )
+    });
+    let set_phase = |name: &'static str| *phase.lock().unwrap_or_else(|e| e.into_inner()) = name;
+
     // 3. Throughput: produce everything, watch the receiver.
     let expected = s.events * e;
     let watcher = rx.spawn_watch(all.clone(), expected, s.phase_deadline);
@@ -1116,6 +1176,7 @@ async fn run(s: Settings) -> Report {
         "bench: latency run, {events_per_s:.0} events/s ({half:.0} deliveries/s) for {:?}",
         s.latency
     );
+    set_phase("latency");
     let warm = events_in(s.latency_warmup);
     if warm > 0 {
         eprintln!(
@@ -1206,6 +1267,7 @@ async fn run(s: Settings) -> Report {
         "bench: isolation baseline, every endpoint healthy; {} events",
         s.isolation_events
     );
+    set_phase("baseline");
     let base_watch = rx.spawn_watch(healthy.clone(), iso_expected, s.phase_deadline);
     let base_mates_watch = rx.spawn_watch(mates.clone(), mates_expected, s.phase_deadline);
     let base_all_watch = rx.spawn_watch(all.clone(), s.isolation_events * e, s.phase_deadline);
@@ -1231,6 +1293,7 @@ async fn run(s: Settings) -> Report {
          {mates:?}); {} events",
         partitions[hanging], s.isolation_events
     );
+    set_phase("hanging");
     let iso_watch = rx.spawn_watch(healthy.clone(), iso_expected, s.phase_deadline);
     let mates_watch = rx.spawn_watch(mates.clone(), mates_expected, s.phase_deadline);
     isolation_burst('i').await;
@@ -1242,6 +1305,11 @@ async fn run(s: Settings) -> Report {
         "bench: healthy {:.0}/s with one hanging ({} / {})",
         isolation.steady_per_s, isolation.delivered, isolation.expected
     );
+
+    timeline_stop.cancel();
+    if let Some(t) = timeline {
+        let _ = t.await;
+    }
 
     // Stop: hanging attempts end at the total timeout, so the drain is bounded by it.
     shutdown.cancel();
