@@ -648,17 +648,13 @@ impl Config {
         if k.bootstrap_servers.trim().is_empty() {
             return Err(invalid("kafka.bootstrap_servers", "must not be empty"));
         }
-        if !(1..=10_000).contains(&k.partitions) {
-            return Err(invalid(
-                "kafka.partitions",
-                format!("= {} must be between 1 and 10000", k.partitions),
-            ));
-        }
-        if let Some(n) = k.events_partitions.filter(|n| !(1..=10_000).contains(n)) {
-            return Err(invalid(
-                "kafka.events_partitions",
-                format!("= {n} must be between 1 and 10000"),
-            ));
+        for (key, count) in [
+            ("kafka.partitions", Some(k.partitions)),
+            ("kafka.events_partitions", k.events_partitions),
+        ] {
+            if let Some(n) = count.filter(|n| !(1..=10_000).contains(n)) {
+                return Err(invalid(key, format!("= {n} must be between 1 and 10000")));
+            }
         }
         if k.group_prefix.is_empty()
             || !k
