@@ -418,6 +418,14 @@ async fn produce(
     created
 }
 
+/// The file a diagnostic knob (`var`) names, created for writing; a path that cannot be
+/// created stops the bench with the knob's name.
+fn dump_file(var: &str, path: &str) -> std::io::BufWriter<std::fs::File> {
+    std::io::BufWriter::new(
+        std::fs::File::create(path).unwrap_or_else(|e| panic!("{var}={path}: {e}")),
+    )
+}
+
 /// Writes every endpoint's delivered count every 100 ms until `stop`: the seconds since the
 /// start, the phase `phase` names, then one count per endpoint (and its deliveries partition in
 /// the header).
@@ -430,10 +438,7 @@ fn spawn_timeline(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         use std::io::Write;
-        let mut out = std::io::BufWriter::new(
-            std::fs::File::create(&path)
-                .unwrap_or_else(|e| panic!("HOOKLINE_BENCH_TIMELINE={path}: {e}")),
-        );
+        let mut out = dump_file("HOOKLINE_BENCH_TIMELINE", &path);
         let header: Vec<String> = partitions
             .iter()
             .enumerate()
@@ -467,10 +472,7 @@ fn spawn_timeline(
 /// producer (µs since the epoch), its latency (µs), the endpoint and its deliveries partition.
 fn dump_latencies(path: &str, arrivals: &[(u64, u64, usize)], created: &[u64], partitions: &[i32]) {
     use std::io::Write;
-    let mut out = std::io::BufWriter::new(
-        std::fs::File::create(path)
-            .unwrap_or_else(|e| panic!("HOOKLINE_BENCH_LATENCY_DUMP={path}: {e}")),
-    );
+    let mut out = dump_file("HOOKLINE_BENCH_LATENCY_DUMP", path);
     let _ = writeln!(out, "created_us latency_us endpoint partition");
     for &(seq, at, endpoint) in arrivals {
         if let Some(&made) = usize::try_from(seq).ok().and_then(|s| created.get(s)) {
