@@ -107,7 +107,8 @@ pub enum TargetError {
 }
 
 /// An endpoint URL ready to send to: the parsed [`Url`] the SSRF checks read, and the request
-/// URI built from it once, not per attempt.
+/// URI built from it once, not per attempt. A clone (one per attempt) copies no string: the
+/// URL is shared and the URI's parts are reference-counted.
 ///
 /// Credentials in the URL (`user:pass@`, which registered endpoints never have but a URL given
 /// to `hookline send` may) are taken out of the request URI and sent as HTTP Basic
@@ -115,7 +116,7 @@ pub enum TargetError {
 /// queries can carry tokens.
 #[derive(Clone)]
 pub struct Target {
-    url: Url,
+    url: Arc<Url>,
     uri: Uri,
     authorization: Option<HeaderValue>,
 }
@@ -137,7 +138,7 @@ impl Target {
             .parse::<Uri>()
             .map_err(|e| TargetError::Uri(e.to_string()))?;
         Ok(Target {
-            url,
+            url: Arc::new(url),
             uri,
             authorization,
         })
