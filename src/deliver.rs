@@ -20,6 +20,8 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use rdkafka::Message;
+use rdkafka::consumer::Consumer;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::FutureProducer;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +32,7 @@ use crate::breaker::{self, Transition};
 use crate::delay_tier::Tiers;
 use crate::endpoint::{Endpoint, SecretKind};
 use crate::id::EndpointId;
+use crate::intake::Intake;
 use crate::lane::{LaneConfig, Lanes, LanesConfig, Permit, Refusal};
 use crate::record::{DeadInfo, DeliveryRecord, UnixMillis};
 use crate::registry::{EndpointStore, EndpointView};
@@ -476,6 +479,11 @@ pub async fn run(
         // Cancelled only when the drain deadline passes: in-flight work keeps going until then.
         stop: CancellationToken::new(),
     };
+    // Each partition gets its own queue and reader, so a backlog is taken a batch per
+    // partition in turn (see `intake`); the consumer's own queue still serves rebalances.
+    let consumer = Arc::new(consumer);
+    consumer.context().split_partitions(&consumer);
+    let mut intake = Intake::new(Intaken::decode);
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
         tokio::select! {
@@ -483,29 +491,32 @@ pub async fn run(
             () = shutdown.cancelled() => break,
             Some(done) = done_rx.recv() => stage.on_done(done),
             Some((tp, offset, acked)) = parks_rx.recv() => if acked { stage.settlements.settle(&tp, offset) },
-            _ = tick.tick() => stage.on_tick(&consumer),
+            _ = tick.tick() => stage.on_tick(&consumer, &mut intake),
+            batch = intake.recv() => {
+                stage.sync(&consumer, &mut intake);
+                if intake.is_current(&batch) {
+                    let tp = batch.tp;
+                    for (offset, intaken) in batch.records {
+                        stage.take(&consumer, tp.clone(), offset, intaken);
+                    }
+                }
+            }
+            // Records of a partition whose queue could not be split, if any.
             msg = consumer.recv() => match msg {
                 Ok(m) => {
-                    stage.sync(&consumer);
+                    stage.sync(&consumer, &mut intake);
                     let tp: Tp = (Arc::from(m.topic()), m.partition());
                     let offset = m.offset();
-                    stage.settlements.track(&tp, offset);
-                    let decoded = DeliveryRecord::from_message(&m);
-                    // The raw bytes are only needed to forward an undecodable record as it was.
-                    let raw = decoded.is_err().then(|| {
-                        (m.key().map(<[u8]>::to_vec), m.payload().map(Bytes::copy_from_slice))
-                    });
+                    let intaken = Intaken::decode(&m);
                     drop(m);
-                    let pause = stage.settlements.needs_pause(&tp);
-                    stage.on_record(tp, offset, decoded, raw);
-                    if pause {
-                        stage.settlements.flow_control(&consumer);
-                    }
+                    stage.take(&consumer, tp, offset, intaken);
                 }
                 Err(e) => tracing::warn!(error = %e, "delivery consumer error"),
             },
         }
     }
+    intake.close().await;
+    drop(consumer.context().take_split());
     // Shutdown: queued records go to the shortest tier; in-flight attempts get the deadline.
     let queued: Vec<Queued> = stage.queues.drain().flat_map(|(_, q)| q).collect();
     for q in queued {
@@ -535,9 +546,9 @@ pub async fn run(
             stage.settlements.settle(&tp, offset);
         }
     }
-    stage.settlements.store(&consumer);
+    stage.settlements.store(&*consumer);
     if let Err(e) = rdkafka::consumer::Consumer::commit_consumer_state(
-        &consumer,
+        &*consumer,
         rdkafka::consumer::CommitMode::Sync,
     ) {
         tracing::debug!(error = %e, "final commit of the delivery stage");
@@ -545,7 +556,38 @@ pub async fn run(
     stage.stop.cancel();
 }
 
+/// A delivery record as its partition's reader decoded it.
+struct Intaken {
+    decoded: Result<DeliveryRecord, crate::record::RecordError>,
+    /// The raw key and value, kept only to forward an undecodable record as it was.
+    raw: Option<(Option<Vec<u8>>, Option<Bytes>)>,
+}
+
+impl Intaken {
+    fn decode(m: &BorrowedMessage<'_>) -> Intaken {
+        let decoded = DeliveryRecord::from_message(m);
+        let raw = decoded.is_err().then(|| {
+            (
+                m.key().map(<[u8]>::to_vec),
+                m.payload().map(Bytes::copy_from_slice),
+            )
+        });
+        Intaken { decoded, raw }
+    }
+}
+
 impl Stage {
+    /// Tracks a record taken from `tp` and hands it on, pausing the partition at once when
+    /// the record filled it.
+    fn take(&mut self, consumer: &StageConsumer, tp: Tp, offset: i64, intaken: Intaken) {
+        self.settlements.track(&tp, offset);
+        let pause = self.settlements.needs_pause(&tp);
+        self.on_record(tp, offset, intaken.decoded, intaken.raw);
+        if pause {
+            self.settlements.flow_control(consumer);
+        }
+    }
+
     fn on_record(
         &mut self,
         tp: Tp,
@@ -839,18 +881,22 @@ impl Stage {
 
     /// Applies rebalance events: queued records of moved partitions are re-read by their
     /// owner, so they are dropped here along with the partitions' tracking.
-    fn sync(&mut self, consumer: &StageConsumer) {
-        for e in self.settlements.sync(consumer) {
+    /// The intake's readers of moved partitions stop with them; newly split queues get theirs.
+    fn sync(&mut self, consumer: &StageConsumer, intake: &mut Intake<Intaken>) {
+        let events = self.settlements.sync(consumer);
+        intake.apply(&events);
+        for e in events {
             let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
             for q in self.queues.values_mut() {
                 q.retain(|item| !tps.contains(&item.tp));
             }
             self.queues.retain(|_, q| !q.is_empty());
         }
+        intake.start(consumer.context().take_split());
     }
 
-    fn on_tick(&mut self, consumer: &StageConsumer) {
-        self.sync(consumer);
+    fn on_tick(&mut self, consumer: &StageConsumer, intake: &mut Intake<Intaken>) {
+        self.sync(consumer, intake);
         // Rate-limited lanes get another chance each tick; stalled ones give their queue up.
         let waiting: Vec<EndpointId> = self.queues.keys().cloned().collect();
         for id in waiting {

@@ -3,9 +3,10 @@
 //! and producing a record until the broker acknowledges it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -28,12 +29,60 @@ pub enum RebalanceEvent {
     Revoked(Vec<Tp>),
 }
 
-/// Consumer context that records rebalances for the stage loop to apply between records, and
-/// reports the stage's consumer lag from librdkafka's statistics (`statistics.interval.ms`).
+/// Consumer context that records rebalances for the stage loop to apply between records,
+/// optionally gives each newly assigned partition its own queue (see
+/// [`split_partitions`](StageContext::split_partitions)), and reports the stage's consumer lag
+/// from librdkafka's statistics (`statistics.interval.ms`).
 #[derive(Clone)]
 pub struct StageContext {
     stage: &'static str,
     events: Arc<Mutex<Vec<RebalanceEvent>>>,
+    split: Arc<Split>,
+}
+
+/// A partition's own queue, split off the consumer's queue.
+pub type PartitionQueue = StreamPartitionQueue<StageContext>;
+
+/// What partition splitting needs: the consumer (set once it is in an `Arc`; weak, as the
+/// consumer owns this context) and the queues split since the stage last took them.
+#[derive(Default)]
+struct Split {
+    consumer: OnceLock<Weak<StageConsumer>>,
+    queues: Mutex<Vec<(Tp, PartitionQueue)>>,
+}
+
+impl Split {
+    /// Splits the queues of partitions about to be assigned. librdkafka marks a split queue as
+    /// the application's, and the assignment's fetch start then leaves it in place, so every
+    /// record of the assignment arrives on it (none reach the consumer's queue first, where
+    /// they could be handled out of order with the split queue's).
+    fn assigning(&self, tpl: &TopicPartitionList) {
+        let Some(consumer) = self.consumer.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        for e in tpl.elements() {
+            match consumer.split_partition_queue(e.topic(), e.partition()) {
+                Some(q) => queues.push(((Arc::from(e.topic()), e.partition()), q)),
+                // Its records then come through the consumer's queue, as for a stage that
+                // does not split.
+                None => tracing::warn!(
+                    topic = e.topic(),
+                    partition = e.partition(),
+                    "could not split the partition's queue; it shares the consumer's"
+                ),
+            }
+        }
+    }
+
+    /// Drops split queues not yet taken whose partitions are being revoked.
+    fn revoking(&self, tpl: &TopicPartitionList) {
+        let revoked = partitions(tpl);
+        self.queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(tp, _)| !revoked.contains(tp));
+    }
 }
 
 fn partitions(tpl: &TopicPartitionList) -> Vec<Tp> {
@@ -76,6 +125,14 @@ impl ClientContext for StageContext {
 }
 
 impl ConsumerContext for StageContext {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => self.split.assigning(tpl),
+            Rebalance::Revoke(tpl) => self.split.revoking(tpl),
+            Rebalance::Error(_) => {}
+        }
+    }
+
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let event = match rebalance {
             Rebalance::Assign(tpl) => RebalanceEvent::Assigned(partitions(tpl)),
@@ -99,12 +156,25 @@ impl StageContext {
         StageContext {
             stage,
             events: Arc::default(),
+            split: Arc::default(),
         }
     }
 
     /// Takes the rebalance events that happened since the last call, oldest first.
     pub fn drain(&self) -> Vec<RebalanceEvent> {
         std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// From now on, every partition assigned to `consumer` (whose context this is) gets its
+    /// own queue; [`take_split`](Self::take_split) hands them out. Call it before the
+    /// consumer's first poll: partitions assigned earlier keep sharing the consumer's queue.
+    pub fn split_partitions(&self, consumer: &Arc<StageConsumer>) {
+        let _ = self.split.consumer.set(Arc::downgrade(consumer));
+    }
+
+    /// The queues split since the last call, in assignment order.
+    pub fn take_split(&self) -> Vec<(Tp, PartitionQueue)> {
+        std::mem::take(&mut *self.split.queues.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 

@@ -5,5 +5,6 @@
 pub mod fixture;
 
 mod cql;
+mod intake;
 mod kafka;
 mod outbox;

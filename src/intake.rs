@@ -1,0 +1,164 @@
+//! Fair intake of a stage's partitions: each assigned partition has its own queue, read by its
+//! own task into one small channel, so a backlog is taken a batch per partition in turn.
+//!
+//! Through the consumer's single queue a stage takes records in the order librdkafka fetched
+//! them, and librdkafka decides whether to fetch a partition by the length of that shared queue
+//! (`queued.min.messages` counts every partition's records in it). Under a backlog the fetches
+//! then cluster on a few partitions at a time: in the end-to-end bench the delivery stage served
+//! three or fewer of ten endpoints in most 100 ms intervals, each endpoint's lane ran empty in
+//! turn, and the healthy endpoints' rate swung with it. With a queue per partition each
+//! partition is fetched by its own queue's length, and the channel's waiting senders are served
+//! first come, first served: a reader that has just sent waits behind every other reader that
+//! has records.
+//!
+//! Order within a partition is kept (one reader per partition, one channel). A batch read
+//! before its partition was revoked, or from an earlier assignment of it, carries an older
+//! generation and is dropped: the partition's new owner reads those records again.
+
+use std::collections::HashMap;
+
+use futures::FutureExt;
+use rdkafka::message::BorrowedMessage;
+use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
+
+use crate::stage::{PartitionQueue, RebalanceEvent, Tp};
+
+/// Records a reader takes from its partition queue per turn, when that many are buffered.
+pub const BATCH: usize = 64;
+
+/// Batches that may wait in the channel, besides the one each reader holds while it waits.
+/// Small, so the turn order among the readers decides what the stage takes next.
+const CHANNEL_BATCHES: usize = 2;
+
+/// Consecutive records of one partition, decoded by its reader.
+pub struct Batch<T> {
+    /// The partition.
+    pub tp: Tp,
+    generation: u64,
+    /// `(offset, decoded record)`, in offset order.
+    pub records: Vec<(i64, T)>,
+}
+
+/// The readers of a stage's split partition queues.
+pub struct Intake<T> {
+    tx: mpsc::Sender<Batch<T>>,
+    rx: mpsc::Receiver<Batch<T>>,
+    readers: HashMap<Tp, (u64, AbortHandle)>,
+    tasks: JoinSet<()>,
+    next_generation: u64,
+    decode: fn(&BorrowedMessage<'_>) -> T,
+}
+
+impl<T: Send + 'static> Intake<T> {
+    /// An intake whose readers turn each record into a `T` with `decode` (on the reader's
+    /// task, so decoding runs beside the stage loop).
+    pub fn new(decode: fn(&BorrowedMessage<'_>) -> T) -> Intake<T> {
+        let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
+        Intake {
+            tx,
+            rx,
+            readers: HashMap::new(),
+            tasks: JoinSet::new(),
+            next_generation: 0,
+            decode,
+        }
+    }
+
+    /// Stops the readers of partitions that moved. Call it with the same events, at the same
+    /// time, as the stage forgets those partitions' state.
+    pub fn apply(&mut self, events: &[RebalanceEvent]) {
+        for e in events {
+            let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
+            for tp in tps {
+                if let Some((_, task)) = self.readers.remove(tp) {
+                    task.abort();
+                }
+            }
+        }
+        while self.tasks.try_join_next().is_some() {}
+    }
+
+    /// Starts a reader for each newly split queue (after [`apply`](Self::apply) of the
+    /// events that assigned them).
+    pub fn start(&mut self, queues: Vec<(Tp, PartitionQueue)>) {
+        for (tp, queue) in queues {
+            self.next_generation += 1;
+            let generation = self.next_generation;
+            let task = self.tasks.spawn(read(
+                queue,
+                tp.clone(),
+                generation,
+                self.tx.clone(),
+                self.decode,
+            ));
+            if let Some((_, old)) = self.readers.insert(tp, (generation, task)) {
+                old.abort();
+            }
+        }
+    }
+
+    /// The next batch, from whichever reader's turn it is. It may be stale: check
+    /// [`is_current`](Self::is_current) after applying pending rebalances.
+    pub async fn recv(&mut self) -> Batch<T> {
+        // The intake holds a sender itself, so the channel never closes.
+        self.rx.recv().await.expect("the intake holds a sender")
+    }
+
+    /// Whether `batch` comes from its partition's current assignment.
+    pub fn is_current(&self, batch: &Batch<T>) -> bool {
+        self.readers
+            .get(&batch.tp)
+            .is_some_and(|(generation, _)| *generation == batch.generation)
+    }
+
+    /// Partitions with a reader.
+    pub fn partitions(&self) -> usize {
+        self.readers.len()
+    }
+
+    /// Stops every reader and waits until they are gone (each holds the consumer).
+    pub async fn close(mut self) {
+        self.readers.clear();
+        self.rx.close();
+        self.tasks.shutdown().await;
+    }
+}
+
+/// A partition's reader: a batch of what is buffered (at least one record), then its turn.
+async fn read<T: Send + 'static>(
+    queue: PartitionQueue,
+    tp: Tp,
+    generation: u64,
+    tx: mpsc::Sender<Batch<T>>,
+    decode: fn(&BorrowedMessage<'_>) -> T,
+) {
+    loop {
+        let mut records = Vec::with_capacity(BATCH);
+        match queue.recv().await {
+            Ok(m) => records.push((rdkafka::Message::offset(&m), decode(&m))),
+            Err(e) => {
+                tracing::warn!(topic = %tp.0, partition = tp.1, error = %e, "partition queue error");
+                continue;
+            }
+        }
+        while records.len() < BATCH {
+            match queue.recv().now_or_never() {
+                Some(Ok(m)) => records.push((rdkafka::Message::offset(&m), decode(&m))),
+                Some(Err(e)) => {
+                    tracing::warn!(topic = %tp.0, partition = tp.1, error = %e, "partition queue error");
+                    break;
+                }
+                None => break,
+            }
+        }
+        let batch = Batch {
+            tp: tp.clone(),
+            generation,
+            records,
+        };
+        if tx.send(batch).await.is_err() {
+            return;
+        }
+    }
+}
