@@ -515,8 +515,7 @@ pub async fn run(
             },
         }
     }
-    intake.close().await;
-    drop(consumer.context().take_split());
+    intake.close(&consumer).await;
     // Shutdown: queued records go to the shortest tier; in-flight attempts get the deadline.
     let queued: Vec<Queued> = stage.queues.drain().flat_map(|(_, q)| q).collect();
     for q in queued {
@@ -884,7 +883,7 @@ impl Stage {
     /// The intake's readers of moved partitions stop with them; newly split queues get theirs.
     fn sync(&mut self, consumer: &StageConsumer, intake: &mut Intake<Intaken>) {
         let events = self.settlements.sync(consumer);
-        intake.apply(&events);
+        intake.follow(consumer, &events);
         for e in events {
             let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
             for q in self.queues.values_mut() {
@@ -892,7 +891,6 @@ impl Stage {
             }
             self.queues.retain(|_, q| !q.is_empty());
         }
-        intake.start(consumer.context().take_split());
     }
 
     fn on_tick(&mut self, consumer: &StageConsumer, intake: &mut Intake<Intaken>) {

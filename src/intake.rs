@@ -16,13 +16,16 @@
 //! generation and is dropped: the partition's new owner reads those records again.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use futures::FutureExt;
 use rdkafka::message::BorrowedMessage;
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 
-use crate::stage::{PartitionQueue, RebalanceEvent, Tp};
+use rdkafka::consumer::Consumer;
+
+use crate::stage::{PartitionQueue, RebalanceEvent, StageConsumer, Tp};
 
 /// Records a reader takes from its partition queue per turn, when that many are buffered.
 pub const BATCH: usize = 64;
@@ -30,6 +33,13 @@ pub const BATCH: usize = 64;
 /// Batches that may wait in the channel, besides the one each reader holds while it waits.
 /// Small, so the turn order among the readers decides what the stage takes next.
 const CHANNEL_BATCHES: usize = 2;
+
+/// At most how many records of a partition the stage takes after pausing it on the record
+/// that filled its window: the rest of that record's batch, the partition's batches in the
+/// channel, the one its reader holds, and one the reader was taking as the pause came.
+/// librdkafka marks the partition's queued records outdated in the pause call itself, so the
+/// reader takes none after it.
+pub const TAKEN_AFTER_PAUSE: usize = (CHANNEL_BATCHES + 2) * BATCH;
 
 /// Consecutive records of one partition, decoded by its reader.
 pub struct Batch<T> {
@@ -47,13 +57,16 @@ pub struct Intake<T> {
     readers: HashMap<Tp, (u64, AbortHandle)>,
     tasks: JoinSet<()>,
     next_generation: u64,
-    decode: fn(&BorrowedMessage<'_>) -> T,
+    decode: Decode<T>,
 }
+
+/// How a reader turns a record into what the stage takes.
+type Decode<T> = Arc<dyn Fn(&BorrowedMessage<'_>) -> T + Send + Sync>;
 
 impl<T: Send + 'static> Intake<T> {
     /// An intake whose readers turn each record into a `T` with `decode` (on the reader's
     /// task, so decoding runs beside the stage loop).
-    pub fn new(decode: fn(&BorrowedMessage<'_>) -> T) -> Intake<T> {
+    pub fn new(decode: impl Fn(&BorrowedMessage<'_>) -> T + Send + Sync + 'static) -> Intake<T> {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         Intake {
             tx,
@@ -61,7 +74,7 @@ impl<T: Send + 'static> Intake<T> {
             readers: HashMap::new(),
             tasks: JoinSet::new(),
             next_generation: 0,
-            decode,
+            decode: Arc::new(decode),
         }
     }
 
@@ -90,12 +103,19 @@ impl<T: Send + 'static> Intake<T> {
                 tp.clone(),
                 generation,
                 self.tx.clone(),
-                self.decode,
+                self.decode.clone(),
             ));
             if let Some((_, old)) = self.readers.insert(tp, (generation, task)) {
                 old.abort();
             }
         }
+    }
+
+    /// Follows a rebalance: [`apply`](Self::apply) its events, then [`start`](Self::start)
+    /// readers for the queues `consumer` split meanwhile.
+    pub fn follow(&mut self, consumer: &StageConsumer, events: &[RebalanceEvent]) {
+        self.apply(events);
+        self.start(consumer.context().take_split());
     }
 
     /// The next batch, from whichever reader's turn it is. It may be stale: check
@@ -117,11 +137,13 @@ impl<T: Send + 'static> Intake<T> {
         self.readers.len()
     }
 
-    /// Stops every reader and waits until they are gone (each holds the consumer).
-    pub async fn close(mut self) {
+    /// Stops every reader and waits until they are gone, and drops the queues `consumer` split
+    /// that no reader took: each holds the consumer.
+    pub async fn close(mut self, consumer: &StageConsumer) {
         self.readers.clear();
         self.rx.close();
         self.tasks.shutdown().await;
+        drop(consumer.context().take_split());
     }
 }
 
@@ -131,7 +153,7 @@ async fn read<T: Send + 'static>(
     tp: Tp,
     generation: u64,
     tx: mpsc::Sender<Batch<T>>,
-    decode: fn(&BorrowedMessage<'_>) -> T,
+    decode: Decode<T>,
 ) {
     loop {
         let mut records = Vec::with_capacity(BATCH);

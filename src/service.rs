@@ -276,9 +276,11 @@ pub async fn start(
             lanes,
             default_max_in_flight: config.delivery.max_in_flight,
             max_window: config.delivery.partition_max_in_flight as usize,
-            // A healthy endpoint's burst may wait in its lane up to the partition's window (the
-            // partition pauses, nothing parks); a stalled endpoint's records park instead.
-            lane_queue: config.delivery.partition_max_in_flight as usize,
+            // A healthy endpoint's burst may wait in its lane up to the partition's window and
+            // what the stage still takes after pausing the partition (the partition pauses,
+            // nothing parks); a stalled endpoint's records park instead.
+            lane_queue: config.delivery.partition_max_in_flight as usize
+                + crate::intake::TAKEN_AFTER_PAUSE,
             stall_after: config.delivery.stall_after,
             stalled_wait: config.http.total_timeout,
             drain_deadline: config.http.total_timeout + Duration::from_secs(5),

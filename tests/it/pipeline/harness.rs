@@ -210,6 +210,32 @@ impl Pipeline {
             .expect("record produced");
     }
 
+    /// How many records `topic` holds, over all its partitions (from its watermarks).
+    pub fn records_in(&self, topic: &str) -> i64 {
+        let consumer: rdkafka::consumer::BaseConsumer = consumer_config(
+            &self.config.kafka.bootstrap_servers,
+            &format!("it-counter-{}", uuid::Uuid::new_v4().simple()),
+            &self.config.kafka.client,
+        )
+        .create()
+        .expect("counter");
+        let timeout = Duration::from_secs(10);
+        let metadata = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .expect("topic metadata");
+        metadata
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions())
+            .map(|p| {
+                let (low, high) = consumer
+                    .fetch_watermarks(topic, p.id(), timeout)
+                    .expect("watermarks");
+                high - low
+            })
+            .sum()
+    }
+
     /// Reads `n` records from `topic` from the beginning, within `timeout`.
     pub async fn read(
         &self,

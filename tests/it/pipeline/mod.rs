@@ -276,6 +276,53 @@ async fn a_hanging_endpoint_does_not_hold_up_its_partition(on: On) {
     p.stop().await;
 }
 
+/// Posts `n` events of type `t` for tenant `acme`, with ids `{prefix}0`, `{prefix}1`, ...
+/// and their index as payload; returns the ids.
+async fn post_numbered(p: &Pipeline, prefix: &str, n: usize) -> Vec<String> {
+    let ids: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
+    let posts: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), "acme", "t", json!(i)))
+        .collect();
+    p.post(&posts).await;
+    ids
+}
+
+/// A healthy endpoint's backlog waits in its lane while its partition pauses: nothing parks,
+/// even as the stage takes the rest of a batch after the record that filled the window. One
+/// partition, one endpoint, a window of 20 and a slow receiver keep the lane full throughout.
+async fn a_backlog_waits_in_its_lane_and_nothing_parks(on: On) {
+    let mut config = test_config(on);
+    config.kafka.partitions = 1;
+    config.delivery.max_in_flight = 2;
+    config.delivery.partition_max_in_flight = 20;
+    let p = Pipeline::start(on, config).await;
+    let rx = Receiver::fixed(Reply::status(200).delay(Duration::from_millis(5))).await;
+    p.endpoint("acme", &rx.url("/"), &["*"]).await;
+    let n = 400;
+    post_numbered(&p, "b", n).await;
+    let got = rx.wait_for(n, WAIT).await;
+    let delivered: BTreeSet<String> = got
+        .iter()
+        .map(|r| r.header("webhook-id").expect("webhook-id").to_owned())
+        .collect();
+    assert_eq!(delivered.len(), n, "every event delivered");
+    let tiers = hookline::delay_tier::Tiers::new(
+        &p.config.kafka.topics.retry_prefix,
+        &p.config.retry.tiers,
+    );
+    for tier in tiers.all() {
+        assert_eq!(
+            p.records_in(&tier.topic),
+            0,
+            "records parked in {} although the endpoint kept answering",
+            tier.topic
+        );
+    }
+    p.stop().await;
+}
+
 /// Runs `n` events to a hanging endpoint and a healthy one (HTTP timeout 45 s) and checks that
 /// every healthy delivery arrived while no attempt to the hanging endpoint had finished yet.
 /// Returns the pipeline and the hanging receiver.
@@ -286,13 +333,7 @@ async fn hanging_beside_healthy(mut config: Config, on: On, n: usize) -> (Pipeli
     let fast = Receiver::fixed(Reply::status(200)).await;
     let (slow_id, _) = p.endpoint("acme", &slow.url("/"), &["*"]).await;
     p.endpoint("acme", &fast.url("/"), &["*"]).await;
-    let events: Vec<String> = (0..n).map(|i| format!("h{i}")).collect();
-    let posts: Vec<_> = events
-        .iter()
-        .enumerate()
-        .map(|(i, id)| (id.as_str(), "acme", "t", json!(i)))
-        .collect();
-    p.post(&posts).await;
+    let events = post_numbered(&p, "h", n).await;
     fast.wait_for(n, WAIT).await;
     for id in &events {
         let delivery =
@@ -519,6 +560,7 @@ on_both!(
     gone_disables_the_endpoint,
     a_hanging_endpoint_does_not_slow_the_others,
     a_hanging_endpoint_does_not_hold_up_its_partition,
+    a_backlog_waits_in_its_lane_and_nothing_parks,
     malformed_input_goes_to_the_invalid_topic,
     an_undecodable_delivery_record_goes_to_the_invalid_topic,
     a_restart_mid_stream_loses_nothing,

@@ -64,9 +64,7 @@ async fn a_backlog_is_taken_a_batch_per_partition_in_turn() {
     while taken.len() < total {
         let records: Vec<(i32, i64)> = tokio::select! {
             batch = intake.recv() => {
-                let events = consumer.context().drain();
-                intake.apply(&events);
-                intake.start(consumer.context().take_split());
+                intake.follow(&consumer, &consumer.context().drain());
                 if !intake.is_current(&batch) {
                     continue;
                 }
@@ -77,9 +75,7 @@ async fn a_backlog_is_taken_a_batch_per_partition_in_turn() {
                 vec![(m.partition(), m.offset())]
             }
             () = tokio::time::sleep(Duration::from_millis(100)) => {
-                let events = consumer.context().drain();
-                intake.apply(&events);
-                intake.start(consumer.context().take_split());
+                intake.follow(&consumer, &consumer.context().drain());
                 vec![]
             }
             () = tokio::time::sleep_until(deadline) => panic!(
@@ -121,7 +117,6 @@ async fn a_backlog_is_taken_a_batch_per_partition_in_turn() {
         PARTITIONS as usize,
         "every partition has its own reader"
     );
-    intake.close().await;
-    drop(consumer.context().take_split());
+    intake.close(&consumer).await;
     topics.delete().await;
 }
