@@ -14,6 +14,9 @@
 //! Order within a partition is kept (one reader per partition, one channel). A batch read
 //! before its partition was revoked, or from an earlier assignment of it, carries an older
 //! generation and is dropped: the partition's new owner reads those records again.
+//!
+//! The fan-out and delivery stages read through it. The delay stage keeps the shared queue: it
+//! holds each partition's head until due, and pausing is how it waits.
 
 use std::collections::HashMap;
 use std::sync::Arc;
