@@ -1,17 +1,19 @@
-//! The delivery stage's intake on the real broker: a backlog across partitions is taken a batch
-//! per partition in turn, each partition in offset order, every record once.
+//! The stages' intake on the real broker: a backlog across partitions is taken a batch per
+//! partition in turn, each partition in offset order, every record once; and a partition that
+//! moves to another member of the group is read by that member alone from then on.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hookline::intake::Intake;
 use hookline::kafka::{HOT_FETCH, stage_consumer_config};
-use hookline::stage::{StageConsumer, StageContext};
+use hookline::stage::{RebalanceEvent, StageConsumer, StageContext};
 use rdkafka::Message;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio_util::sync::CancellationToken;
 
 use super::fixture::{Topics, kafka_config, require_kafka, unique};
 
@@ -20,21 +22,14 @@ const PER_PARTITION: usize = 1500;
 
 fn offset_only(_: &BorrowedMessage<'_>) {}
 
-#[tokio::test]
-async fn a_backlog_is_taken_a_batch_per_partition_in_turn() {
-    let bootstrap = require_kafka().await;
-    let topic = unique("it_intake");
-    let topics = Topics::create(&bootstrap, &[&topic], PARTITIONS).await;
-
-    // The backlog: 1,500 records of 1 KiB in each partition before the stage starts.
-    let producer: FutureProducer = kafka_config(&bootstrap).create().expect("producer");
+/// `per_partition` records of 1 KiB in each of `partitions` partitions of `topic`.
+async fn produce_backlog(bootstrap: &str, topic: &str, partitions: i32, per_partition: usize) {
+    let producer: FutureProducer = kafka_config(bootstrap).create().expect("producer");
     let body = vec![b'x'; 1024];
-    for p in 0..PARTITIONS {
-        let sends = (0..PER_PARTITION).map(|_| {
+    for p in 0..partitions {
+        let sends = (0..per_partition).map(|_| {
             producer.send(
-                FutureRecord::<(), _>::to(&topic)
-                    .partition(p)
-                    .payload(&body),
+                FutureRecord::<(), _>::to(topic).partition(p).payload(&body),
                 Duration::from_secs(10),
             )
         });
@@ -42,17 +37,28 @@ async fn a_backlog_is_taken_a_batch_per_partition_in_turn() {
             r.expect("produce");
         }
     }
+}
 
-    let consumer: StageConsumer = stage_consumer_config(
-        &bootstrap,
-        &unique("it_intake"),
-        HOT_FETCH,
-        &BTreeMap::new(),
-    )
-    .create_with_context(StageContext::new("deliver"))
-    .expect("consumer");
+/// A delivery-stage consumer in `group` whose partitions get queues of their own.
+fn split_consumer(bootstrap: &str, group: &str) -> Arc<StageConsumer> {
+    let consumer: StageConsumer =
+        stage_consumer_config(bootstrap, group, HOT_FETCH, &BTreeMap::new())
+            .create_with_context(StageContext::new("deliver"))
+            .expect("consumer");
     let consumer = Arc::new(consumer);
     consumer.context().split_partitions(&consumer);
+    consumer
+}
+
+#[tokio::test]
+async fn a_backlog_is_taken_a_batch_per_partition_in_turn() {
+    let bootstrap = require_kafka().await;
+    let topic = unique("it_intake");
+    let topics = Topics::create(&bootstrap, &[&topic], PARTITIONS).await;
+
+    // The backlog: 1,500 records of 1 KiB in each partition before the stage starts.
+    produce_backlog(&bootstrap, &topic, PARTITIONS, PER_PARTITION).await;
+    let consumer = split_consumer(&bootstrap, &unique("it_intake"));
     consumer.subscribe(&[&topic]).expect("subscribe");
     let mut intake = Intake::new(offset_only);
 
@@ -118,5 +124,128 @@ async fn a_backlog_is_taken_a_batch_per_partition_in_turn() {
         "every partition has its own reader"
     );
     intake.close(&consumer).await;
+    topics.delete().await;
+}
+
+/// Offsets taken so far, by partition, over every member of a group.
+type Seen = Arc<Mutex<HashMap<i32, BTreeSet<i64>>>>;
+
+/// A member of a delivery group reading through the intake until `done`: it checks that every
+/// record it takes is of a partition it owns at that moment, and adds it to `seen`. Returns how
+/// many records it took.
+async fn member(
+    consumer: Arc<StageConsumer>,
+    pace: Duration,
+    seen: Seen,
+    done: CancellationToken,
+) -> usize {
+    let mut intake = Intake::new(offset_only);
+    let mut owned: HashSet<i32> = HashSet::new();
+    let mut taken = 0;
+    let follow = |intake: &mut Intake<()>, owned: &mut HashSet<i32>| {
+        let events = consumer.context().drain();
+        for e in &events {
+            match e {
+                RebalanceEvent::Assigned(tps) => owned.extend(tps.iter().map(|tp| tp.1)),
+                RebalanceEvent::Revoked(tps) => {
+                    for tp in tps {
+                        owned.remove(&tp.1);
+                    }
+                }
+            }
+        }
+        intake.follow(&consumer, &events);
+    };
+    loop {
+        let records: Vec<(i32, i64)> = tokio::select! {
+            () = done.cancelled() => break,
+            batch = intake.recv() => {
+                follow(&mut intake, &mut owned);
+                if !intake.is_current(&batch) {
+                    continue;
+                }
+                batch.records.iter().map(|(offset, ())| (batch.tp.1, *offset)).collect()
+            }
+            m = consumer.recv() => {
+                let m = m.expect("consumer error");
+                follow(&mut intake, &mut owned);
+                vec![(m.partition(), m.offset())]
+            }
+            () = tokio::time::sleep(Duration::from_millis(50)) => {
+                follow(&mut intake, &mut owned);
+                vec![]
+            }
+        };
+        for &(p, offset) in &records {
+            assert!(
+                owned.contains(&p),
+                "took offset {offset} of partition {p}, which it does not own ({owned:?})"
+            );
+        }
+        tokio::time::sleep(pace * records.len() as u32).await;
+        taken += records.len();
+        let mut seen = seen.lock().unwrap();
+        for (p, offset) in records {
+            seen.entry(p).or_default().insert(offset);
+        }
+    }
+    intake.close(&consumer).await;
+    taken
+}
+
+#[tokio::test]
+async fn a_partition_handed_to_a_new_member_is_read_by_it_alone_from_then_on() {
+    const PARTS: i32 = 4;
+    const PER: usize = 1000;
+    let bootstrap = require_kafka().await;
+    let topic = unique("it_intake_rebalance");
+    let group = unique("it_intake_rebalance");
+    let topics = Topics::create(&bootstrap, &[&topic], PARTS).await;
+    produce_backlog(&bootstrap, &topic, PARTS, PER).await;
+
+    // The first member reads slowly (2 ms a record), so the backlog outlasts the rebalance
+    // the second member's arrival starts. Neither stores offsets, so the second reads the
+    // partitions it gets from their start.
+    let seen = Seen::default();
+    let done = CancellationToken::new();
+    let a = split_consumer(&bootstrap, &group);
+    a.subscribe(&[&topic]).expect("subscribe");
+    let first = tokio::spawn(member(
+        a,
+        Duration::from_millis(2),
+        seen.clone(),
+        done.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let b = split_consumer(&bootstrap, &group);
+    b.subscribe(&[&topic]).expect("subscribe");
+    let second = tokio::spawn(member(b, Duration::ZERO, seen.clone(), done.clone()));
+
+    let total = || {
+        seen.lock()
+            .unwrap()
+            .values()
+            .map(BTreeSet::len)
+            .sum::<usize>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while total() < PARTS as usize * PER && tokio::time::Instant::now() < deadline {
+        if first.is_finished() || second.is_finished() {
+            break; // a member failed its check; its join below says which
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    done.cancel();
+    let by_first = first.await.expect("first member");
+    let by_second = second.await.expect("second member");
+    assert!(by_second > 0, "the second member took no record");
+    let seen = seen.lock().unwrap().clone();
+    for p in 0..PARTS {
+        let n = seen.get(&p).map_or(0, BTreeSet::len);
+        assert_eq!(
+            n, PER,
+            "partition {p}: {n} of {PER} offsets taken by either member (first took {by_first}, second {by_second})"
+        );
+    }
     topics.delete().await;
 }
