@@ -14,8 +14,7 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use rdkafka::Message;
-use rdkafka::consumer::Consumer;
-use rdkafka::message::{BorrowedMessage, Header};
+use rdkafka::message::Header;
 use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -23,7 +22,6 @@ use tokio_util::sync::CancellationToken;
 use crate::deliver::outgoing;
 use crate::id::{EventId, Tenant};
 use crate::input::{InputConfig, InputEvent, InvalidInput, parse_message};
-use crate::intake::Intake;
 use crate::record::{DeliveryRecord, Origin, UnixMillis};
 use crate::registry::{EndpointView, ViewStatus};
 use crate::stage::{Outgoing, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked};
@@ -160,10 +158,6 @@ fn invalid_record(
     }
 }
 
-/// An input record as its partition's reader parsed it: an event, or why it is invalid with
-/// the record to send to the invalid topic.
-type Parsed = Result<InputEvent, Box<(InvalidInput, Outgoing)>>;
-
 /// Runs the fan-out stage until `shutdown`, then waits (bounded) for records under way and
 /// commits what settled.
 pub async fn run(
@@ -193,22 +187,6 @@ pub async fn run(
             (tp, offset, acked)
         }
     };
-    // Each input partition gets its own queue and reader, so one partition's backlog (a bulk
-    // import in one service's outbox) does not hold up the others (see `intake`).
-    let consumer = Arc::new(consumer);
-    consumer.context().split_partitions(&consumer);
-    let parse = {
-        let input = input.clone();
-        let invalid_topic = topics.invalid.clone();
-        move |m: &BorrowedMessage<'_>| -> Parsed {
-            parse_message(&input, m, SystemTime::now()).map_err(|invalid| {
-                let out = invalid_record(m, &invalid, &invalid_topic);
-                Box::new((invalid, out))
-            })
-        }
-    };
-    let mut intake = Intake::new(parse.clone());
-    let mut taken: Vec<(Tp, i64, Parsed)> = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
@@ -216,20 +194,8 @@ pub async fn run(
             () = shutdown.cancelled() => break,
             Some((tp, offset, acked)) = pending.next() => if acked { settlements.settle(&tp, offset) },
             _ = tick.tick() => {
-                let events = settlements.maintain(&*consumer);
-                intake.follow(&consumer, &events);
-                forget_moved(&mut recent, &events);
+                forget_moved(&mut recent, &settlements.maintain(&consumer));
             }
-            batch = intake.recv() => {
-                let events = settlements.sync(&*consumer);
-                intake.follow(&consumer, &events);
-                forget_moved(&mut recent, &events);
-                if intake.is_current(&batch) {
-                    let tp = batch.tp;
-                    taken.extend(batch.records.into_iter().map(|(offset, p)| (tp.clone(), offset, p)));
-                }
-            }
-            // Records of a partition whose queue could not be split, if any.
             msg = consumer.recv() => {
                 let msg = match msg {
                     Ok(m) => m,
@@ -240,54 +206,36 @@ pub async fn run(
                         continue;
                     }
                 };
-                let events = settlements.sync(&*consumer);
-                intake.follow(&consumer, &events);
-                forget_moved(&mut recent, &events);
-                taken.push(((Arc::from(msg.topic()), msg.partition()), msg.offset(), parse(&msg)));
-            }
-        }
-        for (tp, offset, parsed) in taken.drain(..) {
-            settlements.track(&tp, offset);
-            subs.refresh();
-            match parsed {
-                Ok(event) => {
-                    if !recent
-                        .entry(tp.clone())
-                        .or_default()
-                        .insert(&event.tenant, &event.id)
-                    {
-                        tracing::debug!(event_id = %event.id, "repeated event id; already fanned out");
-                        settlements.settle(&tp, offset);
-                        continue;
+                forget_moved(&mut recent, &settlements.sync(&consumer));
+                let tp: Tp = (Arc::from(msg.topic()), msg.partition());
+                let offset = msg.offset();
+                settlements.track(&tp, offset);
+                subs.refresh();
+                match parse_message(&input, &msg, SystemTime::now()) {
+                    Ok(event) => {
+                        if !recent.entry(tp.clone()).or_default().insert(&event.tenant, &event.id) {
+                            tracing::debug!(event_id = %event.id, "repeated event id; already fanned out");
+                            settlements.settle(&tp, offset);
+                            continue;
+                        }
+                        let origin = Some(Origin { topic: tp.0.to_string(), partition: tp.1, offset });
+                        let records = fan_out(&event, &subs.index, origin, &topics.deliveries);
+                        telemetry::fanned_out(records.len());
+                        if records.is_empty() {
+                            settlements.settle(&tp, offset);
+                        } else {
+                            pending.push(send_all(tp, offset, records));
+                        }
                     }
-                    let origin = Some(Origin {
-                        topic: tp.0.to_string(),
-                        partition: tp.1,
-                        offset,
-                    });
-                    let records = fan_out(&event, &subs.index, origin, &topics.deliveries);
-                    telemetry::fanned_out(records.len());
-                    if records.is_empty() {
-                        settlements.settle(&tp, offset);
-                    } else {
-                        pending.push(send_all(tp, offset, records));
+                    Err(invalid) => {
+                        telemetry::invalid_record(&tp.0, tp.1, offset, invalid.reason.kind(), &invalid.detail);
+                        let out = invalid_record(&msg, &invalid, &topics.invalid);
+                        pending.push(send_all(tp, offset, vec![out]));
                     }
-                }
-                Err(invalid) => {
-                    let (invalid, out) = *invalid;
-                    telemetry::invalid_record(
-                        &tp.0,
-                        tp.1,
-                        offset,
-                        invalid.reason.kind(),
-                        &invalid.detail,
-                    );
-                    pending.push(send_all(tp, offset, vec![out]));
                 }
             }
         }
     }
-    intake.close(&consumer).await;
     let deadline = tokio::time::sleep(Duration::from_secs(10));
     tokio::pin!(deadline);
     while !pending.is_empty() {
@@ -296,9 +244,9 @@ pub async fn run(
             () = &mut deadline => { stop.cancel(); break; }
         }
     }
-    settlements.store(&*consumer);
+    settlements.store(&consumer);
     if let Err(e) = rdkafka::consumer::Consumer::commit_consumer_state(
-        &*consumer,
+        &consumer,
         rdkafka::consumer::CommitMode::Sync,
     ) {
         tracing::debug!(error = %e, "final commit of the fan-out stage");

@@ -15,8 +15,11 @@
 //! before its partition was revoked, or from an earlier assignment of it, carries an older
 //! generation and is dropped: the partition's new owner reads those records again.
 //!
-//! The fan-out and delivery stages read through it. The delay stage keeps the shared queue: it
-//! holds each partition's head until due, and pausing is how it waits.
+//! The delivery stage reads through it. The fan-out keeps the shared queue: read through the
+//! intake, its producer sent about 55% more produce requests for the same bytes in the bench's
+//! latency run (1,277 against 786-830 a second at 14,000 deliveries/s), broker CPU that the
+//! latency target needs. The delay stage holds each partition's head until due, and pausing
+//! is how it waits.
 
 use std::collections::HashMap;
 use std::sync::Arc;

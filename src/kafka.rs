@@ -129,9 +129,9 @@ pub fn stage_consumer_config(
         // stage fetch every record about seven times. A small prefetch keeps the waste to a
         // fraction of the window; the short queue backoff fetches again as soon as the stage
         // has taken records (the default waits a second). librdkafka counts this against the
-        // queue a partition's records go to: in the fan-out and delivery stages each partition
-        // has its own (see `intake`), so each prefetches up to 100 records plus one fetch
-        // (128 KiB); in the delay stage all partitions share the consumer's queue and its 100.
+        // queue a partition's records go to: in the delivery stage each partition has its own
+        // (see `intake`), so each prefetches up to 100 records plus one fetch (128 KiB); in
+        // the other stages all partitions share the consumer's queue and its 100.
         .set("queued.min.messages", "100")
         .set("max.partition.fetch.bytes", "131072")
         .set("fetch.queue.backoff.ms", "5")

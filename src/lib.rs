@@ -39,8 +39,8 @@
 //!   endpoint, invalid records to the invalid topic.
 //! - [`stage`]: what every Kafka stage shares: rebalance events, settled-offset tracking and
 //!   storing, partition flow control, produce-until-acknowledged.
-//! - [`intake`]: a queue and a reader task per assigned partition, so the fan-out and delivery
-//!   stages take a backlog a batch per partition in turn.
+//! - [`intake`]: a queue and a reader task per assigned partition, so a stage takes a backlog
+//!   a batch per partition in turn.
 //! - [`config`]: the one typed, layered configuration (defaults < `--config` TOML < `HOOKLINE_*`
 //!   environment), validated at start-up with errors that name the key.
 //! - [`sealed`]: secrets at rest: the master key and XChaCha20-Poly1305 sealing bound to context.
