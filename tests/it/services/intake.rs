@@ -60,37 +60,23 @@ async fn a_backlog_is_taken_a_batch_per_partition_in_turn() {
     produce_backlog(&bootstrap, &topic, PARTITIONS, PER_PARTITION).await;
     let consumer = split_consumer(&bootstrap, &unique("it_intake"));
     consumer.subscribe(&[&topic]).expect("subscribe");
-    let mut intake = Intake::new(offset_only);
 
     // A reader slower than the fetches, as the delivery stage is under a backlog: what it
     // takes next is what the intake offers, not what the broker happened to send first.
     let total = PER_PARTITION * PARTITIONS as usize;
-    let mut taken: Vec<(i32, i64)> = Vec::with_capacity(total);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while taken.len() < total {
-        let records: Vec<(i32, i64)> = tokio::select! {
-            batch = intake.recv() => {
-                intake.follow(&consumer, &consumer.context().drain());
-                if !intake.is_current(&batch) {
-                    continue;
-                }
-                batch.records.iter().map(|(offset, ())| (batch.tp.1, *offset)).collect()
-            }
-            m = consumer.recv() => {
-                let m = m.expect("consumer error");
-                vec![(m.partition(), m.offset())]
-            }
-            () = tokio::time::sleep(Duration::from_millis(100)) => {
-                intake.follow(&consumer, &consumer.context().drain());
-                vec![]
-            }
-            () = tokio::time::sleep_until(deadline) => panic!(
-                "took {} of {total} records in 60 s", taken.len()
-            ),
-        };
-        tokio::time::sleep(Duration::from_micros(100) * records.len() as u32).await;
-        taken.extend(records);
-    }
+    let log = Log::default();
+    let done = CancellationToken::new();
+    let reader = tokio::spawn(member(
+        consumer,
+        Duration::from_micros(100),
+        log.clone(),
+        done.clone(),
+    ));
+    let all_taken = until(|| log.lock().unwrap().len() >= total, &[&reader]).await;
+    done.cancel();
+    let (_, readers) = reader.await.expect("reader");
+    let taken = log.lock().unwrap().clone();
+    assert!(all_taken, "took {} of {total} records in 60 s", taken.len());
 
     // Every record once, each partition in offset order.
     let mut next: HashMap<i32, i64> = HashMap::new();
@@ -119,26 +105,41 @@ async fn a_backlog_is_taken_a_batch_per_partition_in_turn() {
         );
     }
     assert_eq!(
-        intake.partitions(),
-        PARTITIONS as usize,
+        readers, PARTITIONS as usize,
         "every partition has its own reader"
     );
-    intake.close(&consumer).await;
     topics.delete().await;
 }
 
-/// Offsets taken so far, by partition, over every member of a group.
-type Seen = Arc<Mutex<HashMap<i32, BTreeSet<i64>>>>;
+/// `(partition, offset)` of every record taken, in the order taken, by the members sharing it.
+type Log = Arc<Mutex<Vec<(i32, i64)>>>;
 
-/// A member of a delivery group reading through the intake until `done`: it checks that every
-/// record it takes is of a partition it owns at that moment, and adds it to `seen`. Returns how
-/// many records it took.
+/// Waits until `cond` holds, for at most 60 s, or until one of `members` has ended (it failed
+/// its check; awaiting it says which). Returns whether `cond` held.
+async fn until(
+    cond: impl Fn() -> bool,
+    members: &[&tokio::task::JoinHandle<(usize, usize)>],
+) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        if tokio::time::Instant::now() >= deadline || members.iter().any(|m| m.is_finished()) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    true
+}
+
+/// A member of a delivery group reading through the intake until `done`, `pace` per record
+/// taken: it checks that every record it takes is of a partition it owns at that moment, and
+/// appends it to `log`. Returns how many records it took, and how many partitions had a
+/// reader at the end.
 async fn member(
     consumer: Arc<StageConsumer>,
     pace: Duration,
-    seen: Seen,
+    log: Log,
     done: CancellationToken,
-) -> usize {
+) -> (usize, usize) {
     let mut intake = Intake::new(offset_only);
     let mut owned: HashSet<i32> = HashSet::new();
     let mut taken = 0;
@@ -184,13 +185,11 @@ async fn member(
         }
         tokio::time::sleep(pace * records.len() as u32).await;
         taken += records.len();
-        let mut seen = seen.lock().unwrap();
-        for (p, offset) in records {
-            seen.entry(p).or_default().insert(offset);
-        }
+        log.lock().unwrap().extend(records);
     }
+    let readers = intake.partitions();
     intake.close(&consumer).await;
-    taken
+    (taken, readers)
 }
 
 #[tokio::test]
@@ -206,40 +205,36 @@ async fn a_partition_handed_to_a_new_member_is_read_by_it_alone_from_then_on() {
     // The first member reads slowly (2 ms a record), so the backlog outlasts the rebalance
     // the second member's arrival starts. Neither stores offsets, so the second reads the
     // partitions it gets from their start.
-    let seen = Seen::default();
+    let log = Log::default();
     let done = CancellationToken::new();
     let a = split_consumer(&bootstrap, &group);
     a.subscribe(&[&topic]).expect("subscribe");
     let first = tokio::spawn(member(
         a,
         Duration::from_millis(2),
-        seen.clone(),
+        log.clone(),
         done.clone(),
     ));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let b = split_consumer(&bootstrap, &group);
     b.subscribe(&[&topic]).expect("subscribe");
-    let second = tokio::spawn(member(b, Duration::ZERO, seen.clone(), done.clone()));
+    let second = tokio::spawn(member(b, Duration::ZERO, log.clone(), done.clone()));
 
-    let total = || {
-        seen.lock()
-            .unwrap()
-            .values()
-            .map(BTreeSet::len)
-            .sum::<usize>()
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while total() < PARTS as usize * PER && tokio::time::Instant::now() < deadline {
-        if first.is_finished() || second.is_finished() {
-            break; // a member failed its check; its join below says which
+    // Offsets taken by either member, by partition.
+    let seen = || {
+        let mut seen: HashMap<i32, BTreeSet<i64>> = HashMap::new();
+        for &(p, offset) in log.lock().unwrap().iter() {
+            seen.entry(p).or_default().insert(offset);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        seen
+    };
+    let total = || seen().values().map(BTreeSet::len).sum::<usize>();
+    until(|| total() >= PARTS as usize * PER, &[&first, &second]).await;
     done.cancel();
-    let by_first = first.await.expect("first member");
-    let by_second = second.await.expect("second member");
+    let (by_first, _) = first.await.expect("first member");
+    let (by_second, _) = second.await.expect("second member");
     assert!(by_second > 0, "the second member took no record");
-    let seen = seen.lock().unwrap().clone();
+    let seen = seen();
     for p in 0..PARTS {
         let n = seen.get(&p).map_or(0, BTreeSet::len);
         assert_eq!(
