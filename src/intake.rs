@@ -25,11 +25,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::FutureExt;
+use rdkafka::consumer::Consumer;
 use rdkafka::message::BorrowedMessage;
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
-
-use rdkafka::consumer::Consumer;
 
 use crate::stage::{PartitionQueue, RebalanceEvent, StageConsumer, Tp};
 
@@ -84,9 +83,8 @@ impl<T: Send + 'static> Intake<T> {
         }
     }
 
-    /// Stops the readers of partitions that moved. Call it with the same events, at the same
-    /// time, as the stage forgets those partitions' state.
-    pub fn apply(&mut self, events: &[RebalanceEvent]) {
+    /// Stops the readers of partitions that moved.
+    fn apply(&mut self, events: &[RebalanceEvent]) {
         for e in events {
             let (RebalanceEvent::Revoked(tps) | RebalanceEvent::Assigned(tps)) = e;
             for tp in tps {
@@ -98,9 +96,9 @@ impl<T: Send + 'static> Intake<T> {
         while self.tasks.try_join_next().is_some() {}
     }
 
-    /// Starts a reader for each newly split queue (after [`apply`](Self::apply) of the
-    /// events that assigned them).
-    pub fn start(&mut self, queues: Vec<(Tp, PartitionQueue)>) {
+    /// Starts a reader for each newly split queue (after `apply` of the events that assigned
+    /// them).
+    fn start(&mut self, queues: Vec<(Tp, PartitionQueue)>) {
         for (tp, queue) in queues {
             self.next_generation += 1;
             let generation = self.next_generation;
@@ -117,8 +115,9 @@ impl<T: Send + 'static> Intake<T> {
         }
     }
 
-    /// Follows a rebalance: [`apply`](Self::apply) its events, then [`start`](Self::start)
-    /// readers for the queues `consumer` split meanwhile.
+    /// Follows a rebalance: stops the readers of the partitions its events moved, then starts
+    /// readers for the queues `consumer` split meanwhile. Call it with the same events, at the
+    /// same time, as the stage forgets those partitions' state.
     pub fn follow(&mut self, consumer: &StageConsumer, events: &[RebalanceEvent]) {
         self.apply(events);
         self.start(consumer.context().take_split());
