@@ -24,7 +24,13 @@
 //! The throughput and latency phases also report CPU per delivery (from `/proc`): this process
 //! (hookline, the receiver and the load generator together) and, when the broker runs on this
 //! machine, Kafka; and how busy the whole machine was. A p99 far above p50 on a machine near
-//! 100% busy is queueing for the CPU, not a stall in hookline.
+//! 100% busy is queueing for the CPU, not a stall in hookline. Each CPU figure is also given in
+//! raw-ceiling requests: this process's CPU per request of phase 1 (one HTTP exchange, client and
+//! server) measured in the same run, so runs on hosts of different speed compare.
+//!
+//! `HOOKLINE_BENCH_SWEEP=0.1,0.25,0.75` adds paced runs at those shares of the sustained rate
+//! after the half-rate one (each with its warm-up), and a table of p50, p99, CPU and machine busy
+//! by rate: how far below the sustained rate the latency target holds on this host.
 //!
 //! During the latency run two timers tick every 5 ms, one as a task on the bench's tokio
 //! runtime (where hookline, the receiver and the load generator run) and one on a plain thread;
@@ -34,6 +40,7 @@
 //! both mean the machine ran out of CPU.
 //!
 //! Run with `cargo bench --bench e2e`; needs the Kafka of `tests/services up` (127.0.0.1:9092).
+//! The broker's CPU is read when the process listening on the bootstrap port runs here.
 //! Knobs (environment): `HOOKLINE_BENCH_EVENTS` (throughput events, default 20000),
 //! `HOOKLINE_BENCH_ENDPOINTS` (10), `HOOKLINE_BENCH_PARTITIONS` (12), `HOOKLINE_BENCH_BODY`
 //! (delivered body bytes, 1024), `HOOKLINE_BENCH_STORE` (`memory` | `scylla`: the CQL store of
@@ -46,13 +53,13 @@
 //! `HOOKLINE_BENCH_RAW_S` (5), `HOOKLINE_BENCH_RAW_CONNECTIONS` (64), `HOOKLINE_BENCH_LATENCY_S`
 //! (10), `HOOKLINE_BENCH_LATENCY_WARMUP_S` (5; 0 skips the warm-up),
 //! `HOOKLINE_BENCH_LATENCY_RATE` (deliveries/s of the latency run; half the sustained rate by
-//! default), `HOOKLINE_BENCH_ISOLATION_EVENTS` (as many as the throughput run),
-//! `HOOKLINE_BENCH_PHASE_S` (deadline of each delivery phase, 60), `HOOKLINE_BENCH_LOG`
-//! (a tracing filter, e.g. `hookline=info`), `HOOKLINE_BENCH_LATENCY_DUMP` (a file to write
-//! every measured delivery to: hand-over time, latency, endpoint, partition; for finding when
-//! and where a run's tail happened), `HOOKLINE_BENCH_TIMELINE` (a file to write each endpoint's
-//! delivered count to every 100 ms, from the throughput run to the end: for seeing whether the
-//! stages serve their partitions side by side or one after another).
+//! default), `HOOKLINE_BENCH_SWEEP` (above), `HOOKLINE_BENCH_ISOLATION_EVENTS` (as many as the
+//! throughput run), `HOOKLINE_BENCH_PHASE_S` (deadline of each delivery phase, 60),
+//! `HOOKLINE_BENCH_LOG` (a tracing filter, e.g. `hookline=info`), `HOOKLINE_BENCH_LATENCY_DUMP`
+//! (a file to write every measured delivery to: hand-over time, latency, endpoint, partition;
+//! for finding when and where a run's tail happened), `HOOKLINE_BENCH_TIMELINE` (a file to write
+//! each endpoint's delivered count to every 100 ms, from the throughput run to the end: for
+//! seeing whether the stages serve their partitions side by side or one after another).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -103,6 +110,7 @@ struct Settings {
     latency: Duration,
     latency_warmup: Duration,
     latency_rate: Option<f64>,
+    sweep: Vec<f64>,
     isolation_events: u64,
     phase_deadline: Duration,
 }
@@ -144,6 +152,9 @@ impl Settings {
             latency_rate: std::env::var("HOOKLINE_BENCH_LATENCY_RATE")
                 .ok()
                 .map(|v| v.parse().expect("HOOKLINE_BENCH_LATENCY_RATE is a number")),
+            sweep: std::env::var("HOOKLINE_BENCH_SWEEP")
+                .map(|v| parse_sweep(&v))
+                .unwrap_or_default(),
             // Each isolation run must last a few seconds: at half the throughput events (2-3 s a
             // run on the bench machine) the healthy baseline alone came out 11% below to 17%
             // above the same endpoints' share of the throughput run, more than the effect
@@ -152,6 +163,18 @@ impl Settings {
             phase_deadline: Duration::from_secs(env("HOOKLINE_BENCH_PHASE_S", 60u64)),
         }
     }
+}
+
+/// `HOOKLINE_BENCH_SWEEP`: shares of the sustained rate, comma-separated, each above 0 and at
+/// most 1.
+fn parse_sweep(v: &str) -> Vec<f64> {
+    v.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| match x.trim().parse::<f64>() {
+            Ok(f) if f > 0.0 && f <= 1.0 => f,
+            _ => panic!("HOOKLINE_BENCH_SWEEP={v:?}: {x:?} is not a share in (0, 1]"),
+        })
+        .collect()
 }
 
 fn unix_micros(t: SystemTime) -> u64 {
@@ -302,8 +325,14 @@ async fn answer(state: &ReceiverState, req: Request<Incoming>) -> Response<Empty
 }
 
 /// Phase 1: `connections` keep-alive connections POST `body` to `/raw` for `duration`; the rate
-/// is counted over the run minus its first second.
-async fn raw_ceiling(rx: &Receiver, connections: usize, body: Bytes, duration: Duration) -> f64 {
+/// is counted over the run minus its first second. Returns it and this process's CPU per request
+/// meanwhile (µs; load generator and receiver together), when `/proc` tells.
+async fn raw_ceiling(
+    rx: &Receiver,
+    connections: usize,
+    body: Bytes,
+    duration: Duration,
+) -> (f64, Option<f64>) {
     let warm = Duration::from_secs(1);
     let end = tokio::time::Instant::now() + warm + duration;
     let mut tasks = Vec::new();
@@ -337,12 +366,16 @@ async fn raw_ceiling(rx: &Receiver, connections: usize, body: Bytes, duration: D
     }
     tokio::time::sleep(warm).await;
     let before = rx.state.raw.load(Ordering::Relaxed);
+    let cpu_before = process_ticks("self");
     let started = Instant::now();
     for t in tasks {
         let _ = t.await;
     }
     let n = rx.state.raw.load(Ordering::Relaxed) - before;
-    n as f64 / started.elapsed().as_secs_f64()
+    let cpu_us = cpu_before
+        .zip(process_ticks("self"))
+        .map(|(a, b)| (b - a) as f64 * 1e6 / TICKS_PER_S / n.max(1) as f64);
+    (n as f64 / started.elapsed().as_secs_f64(), cpu_us)
 }
 
 /// A native event of `body_bytes` as delivered (`{"id","type","timestamp","data"}`).
@@ -358,13 +391,15 @@ fn pad_for(body_bytes: usize, id_len: usize) -> String {
     "x".repeat(body_bytes.saturating_sub(frame.len() + id_len))
 }
 
-/// Produces events `prefix0..prefix{n}`; paced at `per_s` events/s when given, as fast as the
-/// producer queue takes them otherwise. Returns each event's hand-over time (unix micros).
-/// Each phase has a prefix of its own: the fan-out drops an event id it has recently seen.
+/// Produces events `{prefix}{first}..{prefix}{first + n}`; paced at `per_s` events/s when
+/// given, as fast as the producer queue takes them otherwise. Returns each event's hand-over
+/// time (unix micros), the `i`th for event `first + i`. No two events of a run share an id: the
+/// fan-out drops an event id it has recently seen, so each phase has a prefix of its own and
+/// paced runs after the first continue the numbering.
 async fn produce(
     producer: &FutureProducer,
     topic: &str,
-    prefix: char,
+    (prefix, first): (char, u64),
     n: u64,
     body_bytes: usize,
     per_s: Option<f64>,
@@ -384,7 +419,7 @@ async fn produce(
                 due = ((started.elapsed().as_secs_f64() * rate) as u64).min(n);
             }
         }
-        let id = format!("{prefix}{seq}");
+        let id = format!("{prefix}{}", first + seq);
         let pad = pad_for(body_bytes, id.len());
         let value = event_json(&id, &pad);
         loop {
@@ -470,12 +505,17 @@ fn spawn_timeline(
 
 /// Writes one line per measured delivery, in arrival order: the event's hand-over to the
 /// producer (µs since the epoch), its latency (µs), the endpoint and its deliveries partition.
-fn dump_latencies(path: &str, arrivals: &[(u64, u64, usize)], created: &[u64], partitions: &[i32]) {
+fn dump_latencies(
+    path: &str,
+    arrivals: &[(u64, u64, usize)],
+    created: impl Fn(u64) -> Option<u64>,
+    partitions: &[i32],
+) {
     use std::io::Write;
     let mut out = dump_file("HOOKLINE_BENCH_LATENCY_DUMP", path);
     let _ = writeln!(out, "created_us latency_us endpoint partition");
     for &(seq, at, endpoint) in arrivals {
-        if let Some(&made) = usize::try_from(seq).ok().and_then(|s| created.get(s)) {
+        if let Some(made) = created(seq) {
             let p = partitions.get(endpoint).copied().unwrap_or(-1);
             let _ = writeln!(out, "{made} {} {endpoint} {p}", at.saturating_sub(made));
         }
@@ -589,20 +629,66 @@ fn process_age(pid: &str) -> Option<Duration> {
 /// 0.3-1.2 s.
 const BROKER_WARM: Duration = Duration::from_secs(180);
 
-/// The pid of a Kafka broker on this machine (`kafka.Kafka` on its command line), if any.
-fn local_broker_pid() -> Option<String> {
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid = entry.file_name().into_string().ok()?;
-            pid.bytes().all(|b| b.is_ascii_digit()).then_some(())?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            cmdline
+/// The pid of the Kafka broker at `bootstrap` (its first `host:port`) when it runs on this
+/// machine: the process holding the socket that listens on that port. When the sockets of other
+/// users cannot be read, the first process with `kafka.Kafka` on its command line.
+fn local_broker_pid(bootstrap: &str) -> Option<String> {
+    let port: u16 = bootstrap
+        .split(',')
+        .next()?
+        .rsplit_once(':')?
+        .1
+        .parse()
+        .ok()?;
+    let listening: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    let local_port = u16::from_str_radix(f.get(1)?.rsplit_once(':')?.1, 16).ok()?;
+                    let inode = f.get(9)?;
+                    (local_port == port && *f.get(3)? == "0A").then(|| format!("socket:[{inode}]"))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if listening.is_empty() {
+        return None;
+    }
+    let pids = || {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let pid = entry.file_name().into_string().ok()?;
+                pid.bytes()
+                    .all(|b| b.is_ascii_digit())
+                    .then_some((pid, entry.path()))
+            })
+    };
+    let by_socket = pids().find_map(|(pid, path)| {
+        std::fs::read_dir(path.join("fd"))
+            .ok()?
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|target| listening.iter().any(|l| target.as_os_str() == l.as_str()))
+            .then_some(pid)
+    });
+    by_socket.or_else(|| {
+        pids().find_map(|(pid, path)| {
+            std::fs::read(path.join("cmdline"))
+                .ok()?
                 .split(|&b| b == 0)
                 .any(|arg| arg == b"kafka.Kafka")
                 .then_some(pid)
         })
+    })
 }
 
 fn cpu_sample(broker: Option<&str>) -> Option<CpuSample> {
@@ -632,6 +718,24 @@ struct CpuUse {
     bench_us: f64,
     broker_us: Option<f64>,
     busy_pct: f64,
+}
+
+impl CpuUse {
+    /// "bench / broker" CPU per delivery, in units of `unit` µs (1 for µs).
+    fn per_delivery(&self, unit: f64) -> String {
+        let fmt = |us: f64| {
+            if unit == 1.0 {
+                format!("{us:.0}")
+            } else {
+                format!("{:.1}", us / unit)
+            }
+        };
+        format!(
+            "{} / {}",
+            fmt(self.bench_us),
+            self.broker_us.map_or_else(|| "not local".into(), fmt)
+        )
+    }
 }
 
 fn cpu_use(before: Option<CpuSample>, after: Option<CpuSample>, delivered: u64) -> Option<CpuUse> {
@@ -844,13 +948,15 @@ struct Report {
     broker_age: Option<Duration>,
     load_after: String,
     raw: f64,
+    /// This process's CPU per request of the raw ceiling run (µs; load generator and receiver).
+    raw_cpu_us: Option<f64>,
     body_seen: u64,
     throughput: Rate,
-    latency_rate: f64,
-    latency: Option<(u64, u64, u64, usize)>,
     throughput_cpu: Option<CpuUse>,
-    latency_cpu: Option<CpuUse>,
-    latency_stalls: [Stalls; 2],
+    /// The paced run at half the sustained rate.
+    latency: PacedRun,
+    /// The sweep's paced runs.
+    sweep: Vec<PacedRun>,
     isolation: Rate,
     /// The healthy endpoints' rate in a run of the same size with none hanging.
     isolation_baseline: Rate,
@@ -865,6 +971,57 @@ struct Report {
 }
 
 impl Report {
+    /// The sweep's paced runs, one row each, beside the half-rate run.
+    fn print_sweep(&self) {
+        if self.sweep.is_empty() {
+            return;
+        }
+        let mut runs: Vec<&PacedRun> = vec![&self.latency];
+        runs.extend(&self.sweep);
+        runs.sort_by(|a, b| a.asked.total_cmp(&b.asked));
+        println!("latency by paced rate (the rate asked for, as a share of the sustained rate)");
+        println!(
+            "| {:>6} | {:>11} | {:>8} | {:>8} | {:>17} | {:>15} | {:>5} |",
+            "share",
+            "delivered/s",
+            "p50 ms",
+            "p99 ms",
+            "CPU µs bench/brk",
+            "in raw requests",
+            "busy"
+        );
+        println!(
+            "|{:-<8}|{:-<13}|{:-<10}|{:-<10}|{:-<19}|{:-<17}|{:-<7}|",
+            "", "", "", "", "", "", ""
+        );
+        for r in runs {
+            let share = r.asked / self.throughput.steady_per_s;
+            let (p50, p99) = r
+                .latency
+                .map_or(("-".into(), "-".into()), |(p50, p99, _, _)| {
+                    (
+                        format!("{:.1}", p50 as f64 / 1e3),
+                        format!("{:.1}", p99 as f64 / 1e3),
+                    )
+                });
+            let cpu = |scale: Option<f64>| {
+                r.cpu
+                    .zip(scale)
+                    .map_or_else(|| "-".into(), |(c, scale)| c.per_delivery(scale))
+            };
+            println!(
+                "| {:>5.0}% | {:>11.0} | {p50:>8} | {p99:>8} | {:>17} | {:>15} | {:>5} |",
+                share * 100.0,
+                r.rate,
+                cpu(Some(1.0)),
+                cpu(self.raw_cpu_us),
+                r.cpu
+                    .map_or_else(|| "-".into(), |c| format!("{:.0}%", c.busy_pct)),
+            );
+        }
+        println!();
+    }
+
     fn print(&self) {
         let s = &self.settings;
         let ratio = self.throughput.steady_per_s / self.raw * 100.0;
@@ -909,10 +1066,10 @@ impl Report {
         row("ratio hookline / raw ceiling", format!("{ratio:.1}%"), "");
         row(
             "latency run rate (deliveries/s)",
-            format!("{:.0}", self.latency_rate),
+            format!("{:.0}", self.latency.rate),
             "",
         );
-        match self.latency {
+        match self.latency.latency {
             Some((p50, p99, max, n)) => {
                 row(
                     "event-to-delivery p50 (ms)",
@@ -932,7 +1089,12 @@ impl Report {
             }
             None => row("event-to-delivery", "no samples".into(), "< 50"),
         }
-        for (clock, st) in ["runtime", "thread"].iter().zip(&self.latency_stalls) {
+        row(
+            "  delivered / expected",
+            format!("{} / {}", self.latency.delivered, self.latency.expected),
+            "",
+        );
+        for (clock, st) in ["runtime", "thread"].iter().zip(&self.latency.stalls) {
             row(
                 &format!(
                     "  {} ms ticks >{} ms late / worst, {clock}",
@@ -943,9 +1105,16 @@ impl Report {
                 "",
             );
         }
+        if let Some(raw_us) = self.raw_cpu_us {
+            row(
+                "CPU µs per raw-ceiling request (bench)",
+                format!("{raw_us:.1}"),
+                "",
+            );
+        }
         for (phase, cpu) in [
             ("throughput", self.throughput_cpu),
-            ("latency run", self.latency_cpu),
+            ("latency run", self.latency.cpu),
         ] {
             let Some(c) = cpu else {
                 row(&format!("CPU, {phase}"), "unknown (no /proc)".into(), "");
@@ -953,14 +1122,16 @@ impl Report {
             };
             row(
                 &format!("CPU µs/delivery, {phase}: bench / broker"),
-                format!(
-                    "{:.0} / {}",
-                    c.bench_us,
-                    c.broker_us
-                        .map_or_else(|| "not local".into(), |b| format!("{b:.0}"))
-                ),
+                c.per_delivery(1.0),
                 "",
             );
+            if let Some(raw_us) = self.raw_cpu_us {
+                row(
+                    "  the same in raw-ceiling requests",
+                    c.per_delivery(raw_us),
+                    "",
+                );
+            }
             row(
                 &format!("  machine busy, {phase} (all cores)"),
                 format!("{:.0}%", c.busy_pct),
@@ -1013,6 +1184,7 @@ impl Report {
             "",
         );
         println!();
+        self.print_sweep();
         if let Some(age) = self.broker_age.filter(|age| *age < BROKER_WARM) {
             println!(
                 "note: the broker had run for {} s only; a broker younger than {} s may still be \
@@ -1050,10 +1222,152 @@ impl Report {
     }
 }
 
+/// What a paced run needs: the settings, the receiver, the load generator and its topic, every
+/// endpoint, and the local broker's pid (for its CPU).
+struct Paced<'a> {
+    s: &'a Settings,
+    rx: &'a Receiver,
+    producer: &'a FutureProducer,
+    topic: &'a str,
+    all: &'a [usize],
+    broker: Option<&'a str>,
+}
+
+/// What one paced run measured.
+struct PacedRun {
+    /// Deliveries/s the load generator paced for.
+    asked: f64,
+    /// Deliveries/s the receiver saw.
+    rate: f64,
+    delivered: u64,
+    expected: u64,
+    /// p50, p99 and max event-to-delivery latency (µs), and the samples they come from.
+    latency: Option<(u64, u64, u64, usize)>,
+    cpu: Option<CpuUse>,
+    /// Late ticks on the runtime and on a plain thread.
+    stalls: [Stalls; 2],
+}
+
+impl Paced<'_> {
+    /// Events paced at `deliveries_per_s` (over every endpoint), after an unmeasured warm-up at
+    /// the same pace; ids continue from `next_seq`. With `partitions`, every measured delivery
+    /// is written to `HOOKLINE_BENCH_LATENCY_DUMP` if that is set.
+    async fn run(
+        &self,
+        deliveries_per_s: f64,
+        next_seq: &mut u64,
+        partitions: Option<&[i32]>,
+    ) -> PacedRun {
+        let (s, rx) = (self.s, self.rx);
+        let e = self.all.len() as u64;
+        let events_per_s = deliveries_per_s / e as f64;
+        let events_in = |d: Duration| (events_per_s * d.as_secs_f64()).ceil() as u64;
+        let n = events_in(s.latency);
+        eprintln!(
+            "bench: latency run, {events_per_s:.0} events/s ({deliveries_per_s:.0} deliveries/s) \
+             for {:?}",
+            s.latency
+        );
+        let warm = events_in(s.latency_warmup);
+        if warm > 0 {
+            eprintln!(
+                "bench: latency warm-up, {:?} at the same rate (not measured)",
+                s.latency_warmup
+            );
+            let watch = rx.spawn_watch(
+                self.all.to_vec(),
+                warm * e,
+                s.latency_warmup + Duration::from_secs(20),
+            );
+            produce(
+                self.producer,
+                self.topic,
+                ('p', *next_seq),
+                warm,
+                s.body_bytes,
+                Some(events_per_s),
+            )
+            .await;
+            let w = watch.await.expect("watcher");
+            if w.delivered < w.expected {
+                eprintln!(
+                    "bench: latency warm-up: only {} of {} delivered before its deadline",
+                    w.delivered, w.expected
+                );
+            }
+        }
+        let first = *next_seq + warm;
+        *next_seq = first + n;
+        rx.state.recording.store(true, Ordering::Relaxed);
+        let watch = rx.spawn_watch(
+            self.all.to_vec(),
+            n * e,
+            s.latency + Duration::from_secs(20),
+        );
+        let cpu_before = cpu_sample(self.broker);
+        let ticking = CancellationToken::new();
+        let (rt_ticks, thread_ticks) = (
+            runtime_stalls(ticking.clone()),
+            thread_stalls(ticking.clone()),
+        );
+        let created = produce(
+            self.producer,
+            self.topic,
+            ('l', first),
+            n,
+            s.body_bytes,
+            Some(events_per_s),
+        )
+        .await;
+        let rate = watch.await.expect("watcher");
+        ticking.cancel();
+        let stalls = [
+            rt_ticks.await.unwrap_or_default(),
+            thread_ticks.join().unwrap_or_default(),
+        ];
+        let cpu = cpu_use(cpu_before, cpu_sample(self.broker), rate.delivered);
+        rx.state.recording.store(false, Ordering::Relaxed);
+        let arrivals =
+            std::mem::take(&mut *rx.state.arrivals.lock().unwrap_or_else(|e| e.into_inner()));
+        let made = |seq: u64| created.get(usize::try_from(seq.checked_sub(first)?).ok()?);
+        let mut lat: Vec<u64> = arrivals
+            .iter()
+            .filter_map(|&(seq, at, _)| Some(at.saturating_sub(*made(seq)?)))
+            .collect();
+        if let (Some(partitions), Ok(path)) =
+            (partitions, std::env::var("HOOKLINE_BENCH_LATENCY_DUMP"))
+        {
+            dump_latencies(&path, &arrivals, |seq| made(seq).copied(), partitions);
+        }
+        lat.sort_unstable();
+        let latency = (!lat.is_empty()).then(|| {
+            (
+                percentile(&lat, 0.5),
+                percentile(&lat, 0.99),
+                *lat.last().unwrap_or(&0),
+                lat.len(),
+            )
+        });
+        eprintln!(
+            "bench: latency {latency:?} (p50, p99, max µs, samples); {} of {} delivered",
+            rate.delivered, rate.expected
+        );
+        PacedRun {
+            asked: deliveries_per_s,
+            rate: rate.steady_per_s,
+            delivered: rate.delivered,
+            expected: rate.expected,
+            latency,
+            cpu,
+            stalls,
+        }
+    }
+}
+
 async fn run(s: Settings) -> Report {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load_before = load_average();
-    let broker = local_broker_pid();
+    let broker = local_broker_pid(&s.kafka);
     let broker_age = broker.as_deref().and_then(process_age);
     let stop = CancellationToken::new();
     let rx = Receiver::start(s.endpoints, stop.clone()).await;
@@ -1064,7 +1378,7 @@ async fn run(s: Settings) -> Report {
         "bench: raw ceiling, {} connections for {:?}",
         s.raw_connections, s.raw
     );
-    let raw = raw_ceiling(&rx, s.raw_connections, raw_body, s.raw).await;
+    let (raw, raw_cpu_us) = raw_ceiling(&rx, s.raw_connections, raw_body, s.raw).await;
     eprintln!("bench: raw ceiling {raw:.0} req/s");
 
     // 2. hookline on real Kafka, endpoints, one event through every stage.
@@ -1117,7 +1431,7 @@ async fn run(s: Settings) -> Report {
     let topic = config.kafka.topics.events.clone();
     let e = s.endpoints as u64;
     let all: Vec<usize> = (0..s.endpoints).collect();
-    let warm = produce(&producer, &topic, 'w', 1, s.body_bytes, None).await;
+    let warm = produce(&producer, &topic, ('w', 0), 1, s.body_bytes, None).await;
     drop(warm);
     let warm_rate = watch_rate(e, Duration::from_secs(60), || rx.total(&all)).await;
     assert_eq!(
@@ -1147,7 +1461,7 @@ async fn run(s: Settings) -> Report {
     let expected = s.events * e;
     let watcher = rx.spawn_watch(all.clone(), expected, s.phase_deadline);
     let cpu_before = cpu_sample(broker.as_deref());
-    produce(&producer, &topic, 't', s.events, s.body_bytes, None).await;
+    produce(&producer, &topic, ('t', 0), s.events, s.body_bytes, None).await;
     let throughput = watcher.await.expect("watcher");
     let throughput_cpu = cpu_use(
         cpu_before,
@@ -1166,96 +1480,27 @@ async fn run(s: Settings) -> Report {
     )
     .await;
 
-    // 4. Latency at half the sustained rate.
+    // 4. Latency at half the sustained rate, then at the sweep's shares of it.
+    set_phase("latency");
+    let paced = Paced {
+        s: &s,
+        rx: &rx,
+        producer: &producer,
+        topic: &topic,
+        all: &all,
+        broker: broker.as_deref(),
+    };
     let half = s
         .latency_rate
         .unwrap_or(throughput.steady_per_s / 2.0)
         .max(e as f64);
-    let events_per_s = half / e as f64;
-    let events_in = |d: Duration| (events_per_s * d.as_secs_f64()).ceil() as u64;
-    let n = events_in(s.latency);
-    eprintln!(
-        "bench: latency run, {events_per_s:.0} events/s ({half:.0} deliveries/s) for {:?}",
-        s.latency
-    );
-    set_phase("latency");
-    let warm = events_in(s.latency_warmup);
-    if warm > 0 {
-        eprintln!(
-            "bench: latency warm-up, {:?} at the same rate (not measured)",
-            s.latency_warmup
-        );
-        let watch = rx.spawn_watch(
-            all.clone(),
-            warm * e,
-            s.latency_warmup + Duration::from_secs(20),
-        );
-        // Not 'w': the pipeline's warm-up event was w0, and the fan-out drops an event id it
-        // has just seen, so reusing the prefix left this watcher one event short until its
-        // deadline (20 s idle before every measured run).
-        produce(
-            &producer,
-            &topic,
-            'p',
-            warm,
-            s.body_bytes,
-            Some(events_per_s),
-        )
-        .await;
-        let w = watch.await.expect("watcher");
-        if w.delivered < w.expected {
-            eprintln!(
-                "bench: latency warm-up: only {} of {} delivered before its deadline",
-                w.delivered, w.expected
-            );
-        }
+    let mut next_seq = 0;
+    let latency = paced.run(half, &mut next_seq, Some(&partitions)).await;
+    let mut sweep = Vec::with_capacity(s.sweep.len());
+    for share in &s.sweep {
+        let rate = (throughput.steady_per_s * share).max(e as f64);
+        sweep.push(paced.run(rate, &mut next_seq, None).await);
     }
-    rx.state.recording.store(true, Ordering::Relaxed);
-    let lat_watch = rx.spawn_watch(all.clone(), n * e, s.latency + Duration::from_secs(20));
-    let cpu_before = cpu_sample(broker.as_deref());
-    let ticking = CancellationToken::new();
-    let (rt_ticks, thread_ticks) = (
-        runtime_stalls(ticking.clone()),
-        thread_stalls(ticking.clone()),
-    );
-    let created = produce(&producer, &topic, 'l', n, s.body_bytes, Some(events_per_s)).await;
-    let lat_rate = lat_watch.await.expect("watcher");
-    ticking.cancel();
-    let latency_stalls = [
-        rt_ticks.await.unwrap_or_default(),
-        thread_ticks.join().unwrap_or_default(),
-    ];
-    let latency_cpu = cpu_use(
-        cpu_before,
-        cpu_sample(broker.as_deref()),
-        lat_rate.delivered,
-    );
-    rx.state.recording.store(false, Ordering::Relaxed);
-    let arrivals =
-        std::mem::take(&mut *rx.state.arrivals.lock().unwrap_or_else(|e| e.into_inner()));
-    let mut lat: Vec<u64> = arrivals
-        .iter()
-        .filter_map(|&(seq, at, _)| {
-            let made = *created.get(usize::try_from(seq).ok()?)?;
-            Some(at.saturating_sub(made))
-        })
-        .collect();
-    if let Ok(path) = std::env::var("HOOKLINE_BENCH_LATENCY_DUMP") {
-        dump_latencies(&path, &arrivals, &created, &partitions);
-    }
-    lat.sort_unstable();
-    let latency = (!lat.is_empty()).then(|| {
-        (
-            percentile(&lat, 0.5),
-            percentile(&lat, 0.99),
-            *lat.last().unwrap_or(&0),
-            lat.len(),
-        )
-    });
-    eprintln!(
-        "bench: latency {latency:?} (p50, p99, max µs, samples); {} of {} delivered",
-        lat_rate.delivered, lat_rate.expected
-    );
 
     // 5. Isolation: one endpoint hangs, chosen to share its partition with healthy ones. Its
     // baseline is a run of the same size with every endpoint healthy, just before: a rate
@@ -1277,7 +1522,7 @@ async fn run(s: Settings) -> Report {
         produce(
             &producer,
             &topic,
-            prefix,
+            (prefix, 0),
             s.isolation_events,
             s.body_bytes,
             None,
@@ -1333,11 +1578,10 @@ async fn run(s: Settings) -> Report {
         load_after: load_average(),
         raw,
         throughput,
-        latency_rate: lat_rate.steady_per_s,
-        latency,
+        raw_cpu_us,
         throughput_cpu,
-        latency_cpu,
-        latency_stalls,
+        latency,
+        sweep,
         isolation,
         isolation_baseline,
         throughput_share,
