@@ -29,8 +29,8 @@
 //! server) measured in the same run, so runs on hosts of different speed compare.
 //!
 //! `HOOKLINE_BENCH_SWEEP=0.1,0.25,0.75` adds paced runs at those shares of the sustained rate
-//! after the half-rate one (each with its warm-up), and a table of p50, p99, CPU and machine busy
-//! by rate: how far below the sustained rate the latency target holds on this host.
+//! after the half-rate one (each with its warm-up), and a table of p50, p99, CPU, machine busy and
+//! late ticks by rate: how far below the sustained rate the latency target holds on this host.
 //!
 //! During the latency run two timers tick every 5 ms, one as a task on the bench's tokio
 //! runtime (where hookline, the receiver and the load generator run) and one on a plain thread;
@@ -981,18 +981,19 @@ impl Report {
         runs.sort_by(|a, b| a.asked.total_cmp(&b.asked));
         println!("latency by paced rate (the rate asked for, as a share of the sustained rate)");
         println!(
-            "| {:>6} | {:>11} | {:>8} | {:>8} | {:>17} | {:>15} | {:>5} |",
+            "| {:>6} | {:>11} | {:>8} | {:>8} | {:>17} | {:>15} | {:>5} | {:>15} |",
             "share",
             "delivered/s",
             "p50 ms",
             "p99 ms",
             "CPU µs bench/brk",
             "in raw requests",
-            "busy"
+            "busy",
+            "late rt/thread"
         );
         println!(
-            "|{:-<8}|{:-<13}|{:-<10}|{:-<10}|{:-<19}|{:-<17}|{:-<7}|",
-            "", "", "", "", "", "", ""
+            "|{:-<8}|{:-<13}|{:-<10}|{:-<10}|{:-<19}|{:-<17}|{:-<7}|{:-<17}|",
+            "", "", "", "", "", "", "", ""
         );
         for r in runs {
             let share = r.asked / self.throughput.steady_per_s;
@@ -1010,13 +1011,14 @@ impl Report {
                     .map_or_else(|| "-".into(), |(c, scale)| c.per_delivery(scale))
             };
             println!(
-                "| {:>5.0}% | {:>11.0} | {p50:>8} | {p99:>8} | {:>17} | {:>15} | {:>5} |",
+                "| {:>5.0}% | {:>11.0} | {p50:>8} | {p99:>8} | {:>17} | {:>15} | {:>5} | {:>15} |",
                 share * 100.0,
                 r.rate,
                 cpu(Some(1.0)),
                 cpu(self.raw_cpu_us),
                 r.cpu
                     .map_or_else(|| "-".into(), |c| format!("{:.0}%", c.busy_pct)),
+                format!("{} / {}", r.stalls[0].late, r.stalls[1].late),
             );
         }
         println!();
