@@ -721,14 +721,11 @@ struct CpuUse {
 }
 
 impl CpuUse {
-    /// "bench / broker" CPU per delivery, in units of `unit` µs (1 for µs).
-    fn per_delivery(&self, unit: f64) -> String {
-        let fmt = |us: f64| {
-            if unit == 1.0 {
-                format!("{us:.0}")
-            } else {
-                format!("{:.1}", us / unit)
-            }
+    /// "bench / broker" CPU per delivery: in µs, or in raw-ceiling requests of `raw_us` µs each.
+    fn per_delivery(&self, raw_us: Option<f64>) -> String {
+        let fmt = |us: f64| match raw_us {
+            None => format!("{us:.0}"),
+            Some(unit) => format!("{:.1}", us / unit),
         };
         format!(
             "{} / {}",
@@ -1005,17 +1002,17 @@ impl Report {
                         format!("{:.1}", p99 as f64 / 1e3),
                     )
                 });
-            let cpu = |scale: Option<f64>| {
-                r.cpu
-                    .zip(scale)
-                    .map_or_else(|| "-".into(), |(c, scale)| c.per_delivery(scale))
-            };
+            let in_us = r.cpu.map_or_else(|| "-".into(), |c| c.per_delivery(None));
+            let in_raw = self
+                .raw_cpu_us
+                .and_then(|raw_us| r.cpu.map(|c| c.per_delivery(Some(raw_us))))
+                .unwrap_or_else(|| "-".into());
             println!(
                 "| {:>5.0}% | {:>11.0} | {p50:>8} | {p99:>8} | {:>17} | {:>15} | {:>5} | {:>15} |",
                 share * 100.0,
                 r.rate,
-                cpu(Some(1.0)),
-                cpu(self.raw_cpu_us),
+                in_us,
+                in_raw,
                 r.cpu
                     .map_or_else(|| "-".into(), |c| format!("{:.0}%", c.busy_pct)),
                 format!("{} / {}", r.stalls[0].late, r.stalls[1].late),
@@ -1124,13 +1121,13 @@ impl Report {
             };
             row(
                 &format!("CPU µs/delivery, {phase}: bench / broker"),
-                c.per_delivery(1.0),
+                c.per_delivery(None),
                 "",
             );
             if let Some(raw_us) = self.raw_cpu_us {
                 row(
                     "  the same in raw-ceiling requests",
-                    c.per_delivery(raw_us),
+                    c.per_delivery(Some(raw_us)),
                     "",
                 );
             }
