@@ -366,15 +366,13 @@ async fn raw_ceiling(
     }
     tokio::time::sleep(warm).await;
     let before = rx.state.raw.load(Ordering::Relaxed);
-    let cpu_before = process_ticks("self");
+    let cpu_before = cpu_sample(None);
     let started = Instant::now();
     for t in tasks {
         let _ = t.await;
     }
     let n = rx.state.raw.load(Ordering::Relaxed) - before;
-    let cpu_us = cpu_before
-        .zip(process_ticks("self"))
-        .map(|(a, b)| (b - a) as f64 * 1e6 / TICKS_PER_S / n.max(1) as f64);
+    let cpu_us = cpu_use(cpu_before, cpu_sample(None), n).map(|c| c.bench_us);
     (n as f64 / started.elapsed().as_secs_f64(), cpu_us)
 }
 
