@@ -7,3 +7,12 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end -}}
+
+{{/* Label matchers that select this release's hookline series in alert expressions. */}}
+{{- define "hookline.alertSelector" -}}
+{{- if .Values.alerts.selector -}}
+{{ .Values.alerts.selector }}
+{{- else -}}
+namespace="{{ .Release.Namespace }}"
+{{- end -}}
+{{- end -}}
