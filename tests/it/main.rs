@@ -3,6 +3,7 @@
 mod cql_pipeline;
 mod cql_store;
 mod dev;
+mod helm;
 mod pipeline;
 mod send;
 mod services;

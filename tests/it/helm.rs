@@ -1,0 +1,614 @@
+//! The Helm chart in `helm/hookline`, checked with a real `helm` (v3, which `tests/run` builds
+//! once with `go install` and points `HOOKLINE_HELM` at): it lints; it renders with the default
+//! values and with overrides; each role's Deployment runs `hookline run` with arguments hookline's
+//! own command line accepts; the TOML in the ConfigMap passes hookline's config validation with
+//! the variables the Secret supplies; probes and ports are the ones hookline serves; and every
+//! metric and label an alert rule queries is one hookline exports.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use axum::body::Body;
+use clap::{Parser, ValueEnum};
+use hookline::admin::events::MemoryEventSink;
+use hookline::admin::{AdminState, router};
+use hookline::cli::Cli;
+use hookline::config::{AdminConfig, Config, ConfigError};
+use hookline::registry::MemoryEndpointStore;
+use hookline::sealed::MasterKey;
+use hookline::service::Role;
+use hookline::storage::memory::MemoryStore;
+use regex::Regex;
+use serde_json::Value;
+use tower::ServiceExt;
+
+const RELEASE: &str = "hl";
+const NAMESPACE: &str = "webhooks";
+/// The Secret's keys, as values.yaml documents them for `existingSecret`.
+const OPERATOR_TOKENS_VAR: &str = "HOOKLINE_ADMIN__OPERATOR_TOKENS";
+const MASTER_KEY_VAR: &str = "HOOKLINE_SECURITY__MASTER_KEY";
+/// Labels Prometheus puts on every scraped series; alert selectors may use them.
+const TARGET_LABELS: &[&str] = &["namespace", "pod", "job", "instance", "container"];
+
+fn chart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("helm/hookline")
+}
+
+/// `HOOKLINE_HELM`, else the newest helm `tests/run` built under the tools cache, else `helm` on
+/// PATH.
+fn helm_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("HOOKLINE_HELM") {
+        return bin.into();
+    }
+    let tools = std::env::var_os("HOOKLINE_TOOLS_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/hookline/tools")));
+    let mut built: Vec<PathBuf> = tools
+        .and_then(|dir| std::fs::read_dir(dir).ok())
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("helm"))
+        .filter(|p| p.is_file())
+        .collect();
+    built.sort();
+    built.pop().unwrap_or_else(|| PathBuf::from("helm"))
+}
+
+/// Runs helm and returns its stdout; any failure, a missing helm included, fails the test.
+fn helm(args: &[&str]) -> String {
+    let bin = helm_bin();
+    let out = Command::new(&bin).args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run helm ({}: {e}). Run `tests/run`, which builds the pinned helm with \
+             `go install helm.sh/helm/v3/cmd/helm@...` into ~/.cache/hookline/tools, or set \
+             HOOKLINE_HELM to a helm v3 binary",
+            bin.display()
+        )
+    });
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "helm {} failed ({}):\n{stdout}{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The manifests `helm template` renders, as JSON values.
+struct Rendered {
+    docs: Vec<Value>,
+}
+
+impl Rendered {
+    fn of_kind(&self, kind: &str) -> Vec<&Value> {
+        self.docs.iter().filter(|d| d["kind"] == kind).collect()
+    }
+
+    fn get(&self, kind: &str, name: &str) -> &Value {
+        self.docs
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} among the rendered manifests"))
+    }
+}
+
+fn render(args: &[&str]) -> Rendered {
+    let chart = chart();
+    let mut all = vec![
+        "template",
+        RELEASE,
+        chart.to_str().expect("chart path is UTF-8"),
+        "--namespace",
+        NAMESPACE,
+    ];
+    all.extend_from_slice(args);
+    let text = helm(&all);
+    let docs = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| {
+            let yaml = <serde_yaml_ng::Value as serde::Deserialize>::deserialize(doc)
+                .unwrap_or_else(|e| panic!("helm rendered invalid YAML ({e}):\n{text}"));
+            serde_json::to_value(yaml).expect("manifest as JSON")
+        })
+        .filter(|d| !d.is_null())
+        .collect();
+    Rendered { docs }
+}
+
+/// Writes a values file for `helm template -f`, named by the test that uses it.
+fn values_file(test: &str, yaml: &str) -> String {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("helm-{test}.yaml"));
+    std::fs::write(&path, yaml).expect("write values file");
+    path.to_str().expect("UTF-8 path").to_owned()
+}
+
+/// The roles a Deployment exists for: every role hookline's `--role` takes except `all`.
+fn roles() -> Vec<String> {
+    Role::value_variants()
+        .iter()
+        .filter(|r| **r != Role::All)
+        .map(|r| {
+            r.to_possible_value()
+                .expect("role has a name")
+                .get_name()
+                .to_owned()
+        })
+        .collect()
+}
+
+fn fullname() -> String {
+    format!("{RELEASE}-hookline")
+}
+
+/// The variables the operator's Secret supplies (fresh values: nothing here is a real secret).
+fn secret_env() -> Vec<(String, String)> {
+    vec![
+        (MASTER_KEY_VAR.into(), MasterKey::generate().to_base64()),
+        (
+            OPERATOR_TOKENS_VAR.into(),
+            format!("[\"{}\"]", uuid::Uuid::new_v4().simple()),
+        ),
+    ]
+}
+
+/// What one role's Deployment says about the process it runs.
+struct Pod {
+    config: Config,
+    liveness: String,
+    readiness: String,
+}
+
+/// A container port by name or number.
+fn container_port(container: &Value, port: &Value) -> u64 {
+    if let Some(n) = port.as_u64() {
+        return n;
+    }
+    let name = port.as_str().expect("port is a name or a number");
+    container["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["containerPort"].as_u64())
+        .unwrap_or_else(|| panic!("no container port named {name}"))
+}
+
+/// Checks one role's Deployment and loads the config its process would run with.
+fn check_deployment(r: &Rendered, role: &str, replicas: u64) -> Pod {
+    let name = format!("{}-{role}", fullname());
+    let d = r.get("Deployment", &name);
+    assert_eq!(d["spec"]["replicas"], replicas, "{name} replicas");
+    let pod = &d["spec"]["template"];
+    for (k, v) in d["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels")
+    {
+        assert_eq!(
+            &pod["metadata"]["labels"][k], v,
+            "{name}: its selector must match its own pods ({k})"
+        );
+    }
+    let containers = pod["spec"]["containers"].as_array().expect("containers");
+    assert_eq!(containers.len(), 1, "{name}: one container");
+    let c = &containers[0];
+
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg"))
+        .collect();
+    if let Err(e) = Cli::try_parse_from(std::iter::once("hookline").chain(args.iter().copied())) {
+        panic!("{name}: hookline rejects the args {args:?}: {e}");
+    }
+    let flag = |f: &str| -> &str {
+        let i = args
+            .iter()
+            .position(|a| *a == f)
+            .unwrap_or_else(|| panic!("{name}: no {f} in {args:?}"));
+        args[i + 1]
+    };
+    assert_eq!(args[0], "run", "{name} runs `hookline run`");
+    assert_eq!(flag("--role"), role, "{name} runs its own role");
+
+    // --config names a file of the ConfigMap, through a volume mount.
+    let config_path = Path::new(flag("--config"));
+    let mount = c["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .find(|m| config_path.parent() == Some(Path::new(m["mountPath"].as_str().unwrap_or(""))))
+        .unwrap_or_else(|| panic!("{name}: nothing is mounted where --config points"));
+    let volume = pod["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mounted volume exists");
+    let cm_name = volume["configMap"]["name"]
+        .as_str()
+        .expect("the config volume is a ConfigMap");
+    let key = config_path
+        .file_name()
+        .and_then(|f| f.to_str())
+        .expect("file name");
+    let toml = r.get("ConfigMap", cm_name)["data"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("ConfigMap {cm_name} has no key {key}"));
+
+    assert_eq!(
+        c["envFrom"][0]["secretRef"]["name"], "hookline-secrets",
+        "{name} takes the master key and tokens from existingSecret"
+    );
+    let mut env = secret_env();
+    for e in c["env"].as_array().into_iter().flatten() {
+        let var = e["name"].as_str().expect("env name").to_owned();
+        let value = e["value"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: env {var} has no plain value"));
+        env.push((var, value.to_owned()));
+    }
+    let origin = format!("ConfigMap {cm_name} {key}");
+    let config = Config::from_sources(Some((&origin, toml)), env)
+        .unwrap_or_else(|e| panic!("{name}: hookline refuses its config: {e}\n{toml}"));
+    config
+        .require_master_key()
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+
+    // Probes come from the kubelet and scrapes from Prometheus, both over the pod's address.
+    for (what, listen, port_name) in [
+        ("admin", config.admin.listen, "admin"),
+        ("metrics", config.metrics.listen, "metrics"),
+    ] {
+        assert!(
+            listen.ip().is_unspecified(),
+            "{name}: {what} listens on {listen}, unreachable from outside the pod"
+        );
+        assert_eq!(
+            u64::from(listen.port()),
+            container_port(c, &Value::from(port_name)),
+            "{name}: the {port_name} container port is where hookline's {what} listener is"
+        );
+    }
+    // `hookline run` drains for the HTTP total timeout plus 10 s after SIGTERM (cli/serve.rs);
+    // a shorter grace period kills attempts in flight instead of letting them settle or park.
+    let grace = pod["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap_or(30);
+    assert!(
+        grace > config.http.total_timeout.as_secs() + 10,
+        "{name}: terminationGracePeriodSeconds {grace} is shorter than hookline's drain"
+    );
+    let annotations = &pod["metadata"]["annotations"];
+    if annotations["prometheus.io/scrape"] == "true" {
+        assert_eq!(
+            annotations["prometheus.io/port"],
+            config.metrics.listen.port().to_string(),
+            "{name}: the scrape annotation names the metrics port"
+        );
+    }
+
+    let probe = |which: &str| -> String {
+        let get = &c[which]["httpGet"];
+        assert_eq!(
+            container_port(c, &get["port"]),
+            u64::from(config.admin.listen.port()),
+            "{name}: {which} goes to the admin listener"
+        );
+        get["path"].as_str().expect("probe path").to_owned()
+    };
+    Pod {
+        liveness: probe("livenessProbe"),
+        readiness: probe("readinessProbe"),
+        config,
+    }
+}
+
+/// Every Deployment, the ConfigMap and the Service, for the replica counts expected.
+fn check_workloads(r: &Rendered, replicas: &BTreeMap<&str, u64>) -> Vec<Pod> {
+    let roles = roles();
+    assert_eq!(
+        r.of_kind("Deployment").len(),
+        roles.len(),
+        "one Deployment per role ({roles:?})"
+    );
+    let pods: Vec<Pod> = roles
+        .iter()
+        .map(|role| check_deployment(r, role, replicas[role.as_str()]))
+        .collect();
+
+    let svc = r.get("Service", &format!("{}-admin", fullname()));
+    let selector = svc["spec"]["selector"].as_object().expect("selector");
+    let selected: Vec<&Value> = r
+        .of_kind("Deployment")
+        .into_iter()
+        .filter(|d| {
+            selector
+                .iter()
+                .all(|(k, v)| &d["spec"]["template"]["metadata"]["labels"][k] == v)
+        })
+        .collect();
+    assert!(!selected.is_empty(), "the Service selects no pod");
+    for port in svc["spec"]["ports"].as_array().expect("ports") {
+        for d in &selected {
+            let c = &d["spec"]["template"]["spec"]["containers"][0];
+            let target = container_port(c, &port["targetPort"]);
+            assert!(target > 0, "Service port {port} has a target");
+        }
+    }
+    pods
+}
+
+/// The probe paths answer as probes need: liveness whatever Kafka does (a restart would not
+/// bring Kafka back), readiness only while Kafka is reachable.
+async fn check_probes(pod: &Pod) {
+    let (kafka_tx, kafka_rx) = tokio::sync::watch::channel(true);
+    let app = router(AdminState::new(
+        Arc::new(MemoryEndpointStore::new(MasterKey::generate())),
+        Arc::new(MemoryStore::default()),
+        Arc::new(MemoryEventSink::default()),
+        AdminConfig::default(),
+        kafka_rx,
+    ));
+    let status = |path: String| {
+        let app = app.clone();
+        async move {
+            let req = axum::http::Request::get(&path)
+                .body(Body::empty())
+                .expect("request");
+            app.oneshot(req).await.expect("router answers").status()
+        }
+    };
+    assert_eq!(status(pod.liveness.clone()).await, 200, "liveness probe");
+    assert_eq!(status(pod.readiness.clone()).await, 200, "readiness probe");
+    kafka_tx.send_replace(false);
+    assert_eq!(
+        status(pod.liveness.clone()).await,
+        200,
+        "liveness must not follow Kafka"
+    );
+    assert_eq!(
+        status(pod.readiness.clone()).await,
+        503,
+        "readiness follows Kafka"
+    );
+}
+
+/// What `src/telemetry.rs` (the one home of metric names) exports: name → (labels,
+/// is a histogram).
+fn exported_metrics() -> BTreeMap<String, (BTreeSet<String>, bool)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/telemetry.rs");
+    let src = std::fs::read_to_string(&path).expect("read src/telemetry.rs");
+    let consts: BTreeMap<&str, &str> = Regex::new(r#"pub const (\w+): &str = "(hookline_\w+)";"#)
+        .expect("regex")
+        .captures_iter(&src)
+        .map(|c| (c.get(1).unwrap().as_str(), c.get(2).unwrap().as_str()))
+        .collect();
+    assert!(consts.len() > 5, "found the metric names in {path:?}");
+    let mut out: BTreeMap<String, (BTreeSet<String>, bool)> = consts
+        .values()
+        .map(|n| ((*n).to_owned(), (BTreeSet::new(), false)))
+        .collect();
+    let emit =
+        Regex::new(r#"(counter|gauge|histogram)!\(\s*name::(\w+)((?:\s*,\s*"\w+"\s*=>[^,)]*)*)\)"#)
+            .expect("regex");
+    let label = Regex::new(r#""(\w+)"\s*=>"#).expect("regex");
+    for c in emit.captures_iter(&src) {
+        let name = consts[c.get(2).unwrap().as_str()];
+        let entry = out.get_mut(name).expect("emitted metric is named");
+        entry.1 |= &c[1] == "histogram";
+        entry
+            .0
+            .extend(label.captures_iter(&c[3]).map(|l| l[1].to_owned()));
+    }
+    out
+}
+
+/// Every rule of the PrometheusRule: well formed, and querying only what hookline exports.
+/// Returns alert name → expressions.
+fn check_rules(r: &Rendered) -> BTreeMap<String, Vec<String>> {
+    let rules = r.get("PrometheusRule", &fullname());
+    assert_eq!(rules["apiVersion"], "monitoring.coreos.com/v1");
+    let exported = exported_metrics();
+    let metric = Regex::new(r"\b(hookline_[a-z0-9_]+)").expect("regex");
+    let selector = Regex::new(r"\b([a-z_][a-z0-9_]*)\{([^}]*)\}").expect("regex");
+    let matcher = Regex::new(r#"([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*"([^"]*)""#).expect("regex");
+    let by = Regex::new(r"\bby \(([^)]*)\)").expect("regex");
+    let roles = roles();
+    let mut alerts: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for group in rules["spec"]["groups"].as_array().expect("groups") {
+        for rule in group["rules"].as_array().expect("rules") {
+            let alert = rule["alert"].as_str().expect("every rule is an alert");
+            let expr = rule["expr"].as_str().expect("expr");
+            for key in [
+                "for",
+                "labels.severity",
+                "annotations.summary",
+                "annotations.description",
+            ] {
+                let v = key.split('.').fold(rule, |v, k| &v[k]);
+                assert!(
+                    v.as_str().is_some_and(|s| !s.trim().is_empty()),
+                    "{alert} has no {key}"
+                );
+            }
+            // Names: a histogram's series carry _bucket/_sum/_count.
+            let mut labels_here: BTreeSet<String> =
+                TARGET_LABELS.iter().map(|s| s.to_string()).collect();
+            for m in metric.captures_iter(expr) {
+                let used = &m[1];
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| used.strip_suffix(s))
+                    .filter(|b| exported.get(*b).is_some_and(|(_, hist)| *hist));
+                let known = exported
+                    .get(used)
+                    .or_else(|| base.and_then(|b| exported.get(b)));
+                let Some((labels, _)) = known else {
+                    panic!("{alert} queries {used}, which hookline does not export: {expr}");
+                };
+                labels_here.extend(labels.iter().cloned());
+                if base.is_some() && used.ends_with("_bucket") {
+                    labels_here.insert("le".into());
+                }
+            }
+            // Labels in selectors and aggregations exist on what is selected.
+            for s in selector.captures_iter(expr) {
+                let on = &s[1];
+                let own: BTreeSet<String> = if on == "up" {
+                    ["app_kubernetes_io_instance", "app_kubernetes_io_component"]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect()
+                } else {
+                    labels_here.clone()
+                };
+                for m in matcher.captures_iter(&s[2]) {
+                    let l = &m[1];
+                    assert!(
+                        TARGET_LABELS.contains(&l) || own.contains(l),
+                        "{alert}: {on} has no label {l}: {expr}"
+                    );
+                    if l == "stage" || l == "app_kubernetes_io_component" {
+                        for v in m[3].split('|') {
+                            assert!(roles.iter().any(|r| r == v), "{alert}: {l}={v} is no stage");
+                        }
+                    }
+                }
+            }
+            for b in by.captures_iter(expr) {
+                for l in b[1].split(',').map(str::trim) {
+                    assert!(
+                        labels_here.contains(l),
+                        "{alert} aggregates by {l}, which its metrics lack: {expr}"
+                    );
+                }
+            }
+            alerts
+                .entry(alert.to_owned())
+                .or_default()
+                .push(expr.to_owned());
+        }
+    }
+    alerts
+}
+
+#[test]
+fn helm_is_v3() {
+    let v = helm(&["version", "--short"]);
+    assert!(v.starts_with("v3."), "the chart is for helm v3, got {v}");
+}
+
+#[test]
+fn chart_lints_strictly() {
+    let chart = chart();
+    let chart = chart.to_str().expect("UTF-8");
+    helm(&["lint", "--strict", chart]);
+    helm(&["lint", "--strict", chart, "--set", "alerts.enabled=true"]);
+}
+
+#[tokio::test]
+async fn default_values_render_a_working_deployment() {
+    let r = render(&[]);
+    assert!(
+        r.of_kind("PrometheusRule").is_empty(),
+        "alerts are off by default: the CRD may not be installed"
+    );
+    let replicas = BTreeMap::from([("fanout", 1), ("deliver", 2), ("delay", 1)]);
+    let pods = check_workloads(&r, &replicas);
+    for pod in &pods {
+        check_probes(pod).await;
+    }
+}
+
+#[tokio::test]
+async fn overridden_values_render_alerts_and_their_config() {
+    let values = values_file(
+        "overrides",
+        r#"
+alerts:
+  enabled: true
+  ruleLabels: { release: kube-prometheus-stack }
+  consumerLag: { records: 5000 }
+roles:
+  delay: { replicas: 0 }
+config: |
+  [kafka]
+  bootstrap_servers = "broker-0.kafka:9093,broker-1.kafka:9093"
+  partitions = 24
+
+  [store.scylla]
+  nodes = ["scylla-0.scylla:9042"]
+  keyspace = "webhooks"
+"#,
+    );
+    let r = render(&["-f", &values, "--set", "roles.deliver.replicas=6"]);
+    let replicas = BTreeMap::from([("fanout", 1), ("deliver", 6), ("delay", 0)]);
+    let pods = check_workloads(&r, &replicas);
+    for pod in &pods {
+        assert_eq!(
+            pod.config.kafka.partitions, 24,
+            "the overridden config is the one loaded"
+        );
+        assert_eq!(pod.config.store.scylla.keyspace, "webhooks");
+        check_probes(pod).await;
+    }
+
+    let alerts = check_rules(&r);
+    let rule = r.get("PrometheusRule", &fullname());
+    assert_eq!(
+        rule["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    let expected = [
+        "HooklineConsumerLagGrowing",
+        "HooklineDeadLetters",
+        "HooklineAttemptLogWritesSlow",
+        "HooklineAttemptLogWriteErrors",
+        "HooklineManyBreakersOpen",
+        "HooklineInvalidInputRecords",
+        "HooklineRoleDown",
+    ];
+    assert_eq!(
+        alerts.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        BTreeSet::from(expected)
+    );
+    assert!(
+        alerts["HooklineConsumerLagGrowing"][0].contains("> 5000"),
+        "the lag threshold comes from values"
+    );
+    assert!(
+        alerts
+            .values()
+            .flatten()
+            .all(|e| e.contains(&format!("namespace=\"{NAMESPACE}\"")))
+    );
+    // A role scaled to zero is not "down".
+    let down = &alerts["HooklineRoleDown"];
+    assert_eq!(down.len(), 2, "{down:?}");
+    for role in ["fanout", "deliver"] {
+        assert!(
+            down.iter()
+                .any(|e| e.contains(&format!("component=\"{role}\"")))
+        );
+    }
+}
+
+#[test]
+fn a_config_hookline_refuses_fails_the_check() {
+    let values = values_file(
+        "bad-config",
+        "config: |\n  [kafka]\n  bootstrap_server = \"kafka:9092\"\n",
+    );
+    let r = render(&["-f", &values]);
+    let cm = r.get("ConfigMap", &fullname());
+    let toml = cm["data"]["hookline.toml"].as_str().expect("hookline.toml");
+    match Config::from_sources(Some(("ConfigMap", toml)), secret_env()) {
+        Err(ConfigError::UnknownKey { key, .. }) => assert_eq!(key, "kafka.bootstrap_server"),
+        other => panic!("expected an unknown-key error, got {other:?}"),
+    }
+}
