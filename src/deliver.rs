@@ -454,6 +454,7 @@ struct Stage {
     parks: mpsc::UnboundedSender<(Tp, i64, bool)>,
     tasks: TaskTracker,
     stop: CancellationToken,
+    breakers_open: telemetry::BreakersOpen,
 }
 
 /// Runs the delivery stage until `shutdown`; then parks what is queued, lets in-flight attempts
@@ -478,6 +479,7 @@ pub async fn run(
         tasks: TaskTracker::new(),
         // Cancelled only when the drain deadline passes: in-flight work keeps going until then.
         stop: CancellationToken::new(),
+        breakers_open: telemetry::BreakersOpen::default(),
     };
     // Each partition gets its own queue and reader, so a backlog is taken a batch per
     // partition in turn (see `intake`); the consumer's own queue still serves rebalances.
@@ -829,15 +831,18 @@ impl Stage {
         match done {
             Done::Answered { permit, health } => {
                 let id = permit.endpoint().clone();
-                match self
+                let transition = self
                     .lanes
-                    .release(permit, health, tokio::time::Instant::now())
-                {
+                    .release(permit, health, tokio::time::Instant::now());
+                match transition {
                     Some(Transition::Opened { cool_down, .. }) => {
                         telemetry::breaker_opened(id.as_str(), cool_down)
                     }
                     Some(Transition::Closed) => telemetry::breaker_closed(id.as_str()),
                     None => {}
+                }
+                if transition.is_some() {
+                    self.breakers_open.report(self.lanes.open_breakers());
                 }
                 self.dispatch(&id);
             }
@@ -903,6 +908,8 @@ impl Stage {
             }
         }
         self.lanes.evict_idle(tokio::time::Instant::now());
+        // Also catches lanes dropped for room or for a deleted endpoint since the last tick.
+        self.breakers_open.report(self.lanes.open_breakers());
         self.settlements.store(consumer);
         self.settlements.flow_control(consumer);
     }

@@ -584,6 +584,14 @@ impl Lanes {
         self.entries.get(endpoint).map(|e| e.breaker.state())
     }
 
+    /// How many breakers are open or half-open (`hookline_breakers_open`). Walks every lane.
+    pub fn open_breakers(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|e| e.breaker.state() != BreakerState::Closed)
+            .count()
+    }
+
     /// How many lanes the partition holds.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -876,6 +884,42 @@ mod tests {
         let p = lanes.try_acquire(&sick, c, Instant::now()).unwrap();
         lanes.release(p, Some(Outcome::Healthy), Instant::now());
         assert_eq!(lanes.in_flight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn open_breakers_counts_each_breaker_once_and_forgets_dropped_lanes() {
+        let mut lanes = Lanes::new(LanesConfig {
+            idle_after: Duration::from_secs(60),
+            ..LanesConfig::default()
+        });
+        let c = cfg(100, None);
+        let open = |lanes: &mut Lanes, e: &EndpointId| {
+            for _ in 0..5 {
+                let p = lanes.try_acquire(e, c, Instant::now()).unwrap();
+                lanes.release(p, Some(Outcome::Unreachable), Instant::now());
+            }
+            assert_eq!(lanes.breaker_state(e), Some(BreakerState::Open));
+        };
+        let (a, b) = (ep("ep_a"), ep("ep_b"));
+        open(&mut lanes, &a);
+        open(&mut lanes, &b);
+        assert_eq!(lanes.open_breakers(), 2);
+        // a's probe fails: it opens again, and is still one open breaker.
+        advance(Duration::from_secs(30)).await;
+        let probe = lanes.try_acquire(&a, c, Instant::now()).unwrap();
+        assert!(probe.is_probe());
+        assert_eq!(lanes.open_breakers(), 2, "half-open is not closed");
+        assert!(matches!(
+            lanes.release(probe, Some(Outcome::Unreachable), Instant::now()),
+            Some(Transition::Opened { .. })
+        ));
+        assert_eq!(lanes.open_breakers(), 2);
+        // b is deleted, then a sits idle until its lane is dropped, breaker still open.
+        assert!(lanes.remove(&b));
+        assert_eq!(lanes.open_breakers(), 1);
+        advance(Duration::from_secs(61)).await;
+        assert_eq!(lanes.evict_idle(Instant::now()), 1);
+        assert_eq!(lanes.open_breakers(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -206,13 +206,40 @@ pub fn breaker_opened(endpoint_id: &str, until: Duration) {
         "breaker opened"
     );
     counter!(name::BREAKER_OPENS).increment(1);
-    gauge!(name::BREAKERS_OPEN).increment(1.0);
 }
 
 /// An endpoint's breaker closed again.
 pub fn breaker_closed(endpoint_id: &str) {
     tracing::info!(endpoint_id, "breaker closed");
-    gauge!(name::BREAKERS_OPEN).decrement(1.0);
+}
+
+/// One delivery stage's share of `hookline_breakers_open`: the stage reports how many of its
+/// breakers are not closed, and the gauge moves by the change since its last report.
+///
+/// The gauge follows the breakers the stage holds rather than their open and close events: a
+/// breaker that re-opens after a failed probe opens twice without closing, and a lane dropped
+/// while its breaker is open (idle, evicted for room, endpoint deleted) never closes at all.
+/// Counting events made the gauge climb on a long-running worker. Several stages in one
+/// process each add their own share, and a stage that ends takes its share back.
+#[derive(Debug, Default)]
+pub struct BreakersOpen {
+    reported: usize,
+}
+
+impl BreakersOpen {
+    /// This stage now holds `open` breakers that are open or half-open.
+    pub fn report(&mut self, open: usize) {
+        if open != self.reported {
+            gauge!(name::BREAKERS_OPEN).increment(open as f64 - self.reported as f64);
+            self.reported = open;
+        }
+    }
+}
+
+impl Drop for BreakersOpen {
+    fn drop(&mut self) {
+        self.report(0);
+    }
 }
 
 /// HTTP attempts in flight changed by `delta`.
@@ -325,5 +352,31 @@ mod tests {
             !text.contains("ep_1"),
             "endpoint ids never become labels: {text}"
         );
+    }
+
+    #[test]
+    fn breakers_open_is_the_sum_of_what_the_stages_hold_now() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let gauge = |text: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("hookline_breakers_open "))
+                .map(|v| v.parse::<f64>().expect("a number"))
+        };
+        metrics::with_local_recorder(&recorder, || {
+            let mut a = BreakersOpen::default();
+            let mut b = BreakersOpen::default();
+            a.report(3);
+            b.report(2);
+            assert_eq!(gauge(&handle.render()), Some(5.0));
+            // A re-opened breaker is still one; lanes dropped with open breakers leave.
+            a.report(3);
+            a.report(1);
+            assert_eq!(gauge(&handle.render()), Some(3.0));
+            drop(b);
+            assert_eq!(gauge(&handle.render()), Some(1.0));
+            a.report(0);
+            assert_eq!(gauge(&handle.render()), Some(0.0));
+        });
     }
 }
