@@ -2,10 +2,17 @@
 //! until their `not_before`, then put them back on the deliveries topic.
 //!
 //! A retry due in `d` goes to the largest tier not longer than `d` with its exact due time in a
-//! header, so no record ever waits in a tier past its due time by more than the time the records
-//! ahead of it in the same partition are held. The tier consumer holds each partition's head
+//! header, so no record ever waits in a tier past its due time by more than [`HOLD_BATCH`] plus
+//! the time the records ahead of it in the same partition are held. The tier consumer holds each partition's head
 //! record in memory, pauses that partition (while still polling, so the group keeps it) until
 //! the head is due, forwards it, and resumes.
+//!
+//! A held head is forwarded [`HOLD_BATCH`] after its due time, never before it. Records parked
+//! or retried in a burst are due milliseconds apart, and librdkafka drops a partition's
+//! prefetched records when it is paused: released exactly on time, each record of a burst cost
+//! a pause, a resume and a fetch of its own (re-reading up to a fetch's worth of the log). Held a
+//! little past the head's due time, the records due right behind it are due too when the
+//! partition is read again, and go back in the same fetch.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -112,6 +119,16 @@ struct Held {
 /// Records a tier partition may have forwarded but not yet acknowledged.
 const MAX_WINDOW: usize = 10_000;
 
+/// How long after its due time a held head is forwarded, so that the records due right behind
+/// it go back with it (see the module doc). Small beside the shortest tier (seconds), and the
+/// delivery stage sends whatever arrives due.
+pub const HOLD_BATCH: Duration = Duration::from_millis(100);
+
+/// When a head due at `due` is forwarded.
+fn release_at(due: SystemTime) -> SystemTime {
+    due + HOLD_BATCH
+}
+
 /// The delay stage: consumes every tier topic (group `hookline-delay`) and forwards due records.
 pub async fn run(
     consumer: StageConsumer,
@@ -132,9 +149,9 @@ pub async fn run(
     };
     let mut store_tick = tokio::time::interval(Duration::from_millis(200));
     loop {
-        let next_due = held.values().map(|h| h.due).min();
-        let sleep_for = next_due.map(|due| {
-            due.duration_since(SystemTime::now())
+        let next_release = held.values().map(|h| release_at(h.due)).min();
+        let sleep_for = next_release.map(|at| {
+            at.duration_since(SystemTime::now())
                 .unwrap_or(Duration::ZERO)
         });
         tokio::select! {
@@ -147,7 +164,7 @@ pub async fn run(
             }
             () = sleep_or_never(sleep_for) => {
                 let now = SystemTime::now();
-                let due: Vec<Tp> = held.iter().filter(|(_, h)| h.due <= now).map(|(tp, _)| tp.clone()).collect();
+                let due: Vec<Tp> = held.iter().filter(|(_, h)| release_at(h.due) <= now).map(|(tp, _)| tp.clone()).collect();
                 for tp in due {
                     let h = held.remove(&tp).expect("listed above");
                     forwards.push(forward(tp.clone(), h.offset, h.outgoing));
@@ -241,6 +258,17 @@ async fn drain<F>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_head_goes_back_a_little_after_its_due_time_never_before() {
+        let due = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert!(release_at(due) > due, "never before it is due");
+        assert_eq!(release_at(due), due + HOLD_BATCH);
+        assert!(
+            HOLD_BATCH >= Duration::from_millis(20) && HOLD_BATCH < Duration::from_secs(1),
+            "long enough to gather a burst, short beside the 5 s shortest tier"
+        );
+    }
 
     #[test]
     fn tiers_pick_the_largest_not_longer_than_the_delay() {
