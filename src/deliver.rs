@@ -831,18 +831,15 @@ impl Stage {
         match done {
             Done::Answered { permit, health } => {
                 let id = permit.endpoint().clone();
-                let transition = self
+                match self
                     .lanes
-                    .release(permit, health, tokio::time::Instant::now());
-                match transition {
+                    .release(permit, health, tokio::time::Instant::now())
+                {
                     Some(Transition::Opened { cool_down, .. }) => {
                         telemetry::breaker_opened(id.as_str(), cool_down)
                     }
                     Some(Transition::Closed) => telemetry::breaker_closed(id.as_str()),
                     None => {}
-                }
-                if transition.is_some() {
-                    self.breakers_open.report(self.lanes.open_breakers());
                 }
                 self.dispatch(&id);
             }
@@ -908,7 +905,8 @@ impl Stage {
             }
         }
         self.lanes.evict_idle(tokio::time::Instant::now());
-        // Also catches lanes dropped for room or for a deleted endpoint since the last tick.
+        // Breakers opened, closed, or dropped with their lane (idle, for room, endpoint
+        // deleted) since the last tick.
         self.breakers_open.report(self.lanes.open_breakers());
         self.settlements.store(consumer);
         self.settlements.flow_control(consumer);
