@@ -3,9 +3,9 @@
 //!
 //! A retry due in `d` goes to the largest tier not longer than `d` with its exact due time in a
 //! header, so no record ever waits in a tier past its due time by more than [`HOLD_BATCH`] plus
-//! the time the records ahead of it in the same partition are held. The tier consumer holds each partition's head
-//! record in memory, pauses that partition (while still polling, so the group keeps it) until
-//! the head is due, forwards it, and resumes.
+//! the time the records ahead of it in the same partition are held. The tier consumer holds
+//! each partition's head record in memory, pauses that partition (while still polling, so the
+//! group keeps it) until the head is due, forwards it, and resumes.
 //!
 //! A held head is forwarded [`HOLD_BATCH`] after its due time, never before it. Records parked
 //! or retried in a burst are due milliseconds apart, and librdkafka drops a partition's
