@@ -19,7 +19,9 @@
 //!    the second run is compared with their rate in the first (and, for reference, with their
 //!    share of the throughput run). The hanging endpoint is one that shares its deliveries
 //!    partition with healthy endpoints (read back from the warm-up's delivery records), and
-//!    those partition mates' rate is reported on its own: the worst case.
+//!    those partition mates' rate is reported on its own: the worst case. Both runs report CPU
+//!    per record (event and endpoint, delivered or parked), which tells whether the hanging
+//!    endpoint's records cost more than deliveries or the host changed speed between the runs.
 //!
 //! The throughput and latency phases also report CPU per delivery (from `/proc`): this process
 //! (hookline, the receiver and the load generator together) and, when the broker runs on this
@@ -59,7 +61,8 @@
 //! (a file to write every measured delivery to: hand-over time, latency, endpoint, partition;
 //! for finding when and where a run's tail happened), `HOOKLINE_BENCH_TIMELINE` (a file to write
 //! each endpoint's delivered count to every 100 ms, from the throughput run to the end: for
-//! seeing whether the stages serve their partitions side by side or one after another).
+//! seeing whether the stages serve their partitions side by side or one after another),
+//! `HOOKLINE_BENCH_WORKERS` (the tokio runtime's worker threads; one per core by default).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -963,6 +966,10 @@ struct Report {
     mates_rate: Rate,
     mates_baseline: Rate,
     hanging_tried: u64,
+    /// CPU per record (event and endpoint, delivered or parked) of the baseline and the
+    /// hanging run: whether the hanging endpoint's records cost more than deliveries, or the
+    /// host changed speed between the two.
+    isolation_cpu: [Option<CpuUse>; 2],
 }
 
 impl Report {
@@ -1109,16 +1116,19 @@ impl Report {
                 "",
             );
         }
-        for (phase, cpu) in [
-            ("throughput", self.throughput_cpu),
-            ("latency run", self.latency.cpu),
+        for (phase, unit, cpu) in [
+            ("throughput", "delivery", self.throughput_cpu),
+            ("latency run", "delivery", self.latency.cpu),
+            // Isolation runs: per event and endpoint, delivered or (the hanging one's) parked.
+            ("baseline", "record", self.isolation_cpu[0]),
+            ("1 hanging", "record", self.isolation_cpu[1]),
         ] {
             let Some(c) = cpu else {
                 row(&format!("CPU, {phase}"), "unknown (no /proc)".into(), "");
                 continue;
             };
             row(
-                &format!("CPU µs/delivery, {phase}: bench / broker"),
+                &format!("CPU µs/{unit}, {phase}: bench / broker"),
                 c.per_delivery(None),
                 "",
             );
@@ -1515,6 +1525,7 @@ async fn run(s: Settings) -> Report {
     let base_watch = rx.spawn_watch(healthy.clone(), iso_expected, s.phase_deadline);
     let base_mates_watch = rx.spawn_watch(mates.clone(), mates_expected, s.phase_deadline);
     let base_all_watch = rx.spawn_watch(all.clone(), s.isolation_events * e, s.phase_deadline);
+    let base_cpu_before = cpu_sample(broker.as_deref());
     let isolation_burst = |prefix| {
         produce(
             &producer,
@@ -1530,6 +1541,10 @@ async fn run(s: Settings) -> Report {
     let mates_baseline = base_mates_watch.await.expect("watcher");
     // Every delivery of the baseline lands before the endpoint starts hanging.
     let _ = base_all_watch.await;
+    // Per record of the run (event and endpoint), so the two runs compare: in the hanging one
+    // a tenth of them are parked rather than delivered.
+    let records = s.isolation_events * e;
+    let base_cpu = cpu_use(base_cpu_before, cpu_sample(broker.as_deref()), records);
     rx.state.hang[hanging].store(true, Ordering::Relaxed);
     let hang_before = rx.count(hanging);
     eprintln!(
@@ -1540,8 +1555,10 @@ async fn run(s: Settings) -> Report {
     set_phase("hanging");
     let iso_watch = rx.spawn_watch(healthy.clone(), iso_expected, s.phase_deadline);
     let mates_watch = rx.spawn_watch(mates.clone(), mates_expected, s.phase_deadline);
+    let iso_cpu_before = cpu_sample(broker.as_deref());
     isolation_burst('i').await;
     let isolation = iso_watch.await.expect("watcher");
+    let iso_cpu = cpu_use(iso_cpu_before, cpu_sample(broker.as_deref()), records);
     let mates_rate = mates_watch.await.expect("watcher");
     let hanging_tried = rx.count(hanging) - hang_before;
     let throughput_share = throughput.steady_per_s * healthy.len() as f64 / e as f64;
@@ -1586,6 +1603,7 @@ async fn run(s: Settings) -> Report {
         mates_rate,
         mates_baseline,
         hanging_tried,
+        isolation_cpu: [base_cpu, iso_cpu],
     }
 }
 
@@ -1610,10 +1628,11 @@ fn main() {
             .try_init();
     }
     let settings = Settings::from_env();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Ok(n) = std::env::var("HOOKLINE_BENCH_WORKERS") {
+        builder.worker_threads(n.parse().expect("HOOKLINE_BENCH_WORKERS is a number"));
+    }
+    let runtime = builder.enable_all().build().expect("runtime");
     let report = runtime.block_on(run(settings));
     report.print();
     runtime.shutdown_timeout(Duration::from_secs(5));
