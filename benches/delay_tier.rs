@@ -2,10 +2,12 @@
 //! partition, forwarded back to the deliveries topic when due.
 //!
 //! Such bursts are what a retry wave or a stalled endpoint's parks look like. librdkafka drops a
-//! paused partition's prefetched records, so a stage that released each head exactly on time
-//! would pay a pause, a resume and a fetch per record of the burst; hookline's holds a head
-//! [`hookline::delay_tier::HOLD_BATCH`] past its due time, so the records due right behind it go
-//! back in the same fetch. This bench shows what that costs and gains on the test broker.
+//! paused partition's prefetched records and fetches a resumed one only when its broker thread
+//! next wakes (up to a second later), so the stage reads each partition
+//! [`hookline::delay_tier::READ_AHEAD`] ahead of the clock and resumes a paused one
+//! [`hookline::delay_tier::RESUME_AHEAD`] before the last record it holds is due (see the
+//! module doc of `hookline::delay_tier`). This bench shows how late that forwards a burst and
+//! what it costs on the test broker.
 //!
 //! Each round: a fresh deliveries topic and one-partition tier topic; the delay stage starts
 //! (`hookline run --role delay`, in process) and forwards one warm-up record; then `records`
@@ -18,14 +20,9 @@
 //!   (the delay stage and the reader) and a broker on this machine, with how busy the machine
 //!   was. Compare rounds of one run, not runs on different days: the host's speed moves.
 //!
-//! A held head goes back [`hookline::delay_tier::HOLD_BATCH`] after its due time, and the records
-//! behind it only when the resumed partition is fetched again. librdkafka starts that fetch when
-//! its broker thread next wakes: at the consumer's next fetch response, which the stage's other
-//! tier partitions bring at least every idle fetch wait ([`hookline::kafka::DELAY_FETCH`],
-//! 500 ms), or at the latest after a second when every partition it fetches is paused. By
-//! default the run has the configured tiers on `partitions` partitions each, as a deployment
-//! does; `HOOKLINE_BENCH_DELAY_ONE_TIER=1` with `HOOKLINE_BENCH_PARTITIONS=1` shows the lone
-//! partition.
+//! By default the run has the configured tiers on `partitions` partitions each, as a
+//! deployment does, so the stage's other partitions fetch while the burst's is paused;
+//! `HOOKLINE_BENCH_DELAY_ONE_TIER=1` with `HOOKLINE_BENCH_PARTITIONS=1` shows a lone partition.
 //!
 //! Run with `cargo bench --bench delay_tier`; needs the Kafka of `tests/services up`.
 //! Knobs (environment): `HOOKLINE_BENCH_KAFKA` (127.0.0.1:9092), `HOOKLINE_BENCH_DELAY_RECORDS`
@@ -324,8 +321,8 @@ async fn run(s: Settings) {
     println!("hookline delay stage benchmark");
     println!(
         "settings: {} records of {} B in partition 0 of the shortest of {} tier topics of {} \
-         partitions, due {} µs apart, first due {} ms after producing; hold past due {} ms; idle \
-         fetch wait {} ms; load avg {}",
+         partitions, due {} µs apart, first due {} ms after producing; read ahead {} ms, resume {} \
+         ms ahead; idle fetch wait {} ms; load avg {}",
         s.records,
         s.body_bytes,
         if s.one_tier {
@@ -336,7 +333,8 @@ async fn run(s: Settings) {
         s.partitions,
         s.spacing.as_micros(),
         s.lead.as_millis(),
-        hookline::delay_tier::HOLD_BATCH.as_millis(),
+        hookline::delay_tier::READ_AHEAD.as_millis(),
+        hookline::delay_tier::RESUME_AHEAD.as_millis(),
         hookline::kafka::DELAY_FETCH.max_wait_ms,
         load_average()
     );

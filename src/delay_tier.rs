@@ -2,19 +2,23 @@
 //! until their `not_before`, then put them back on the deliveries topic.
 //!
 //! A retry due in `d` goes to the largest tier not longer than `d` with its exact due time in a
-//! header, so no record ever waits in a tier past its due time by more than [`HOLD_BATCH`] plus
-//! the time the records ahead of it in the same partition are held. The tier consumer holds
-//! each partition's head record in memory, pauses that partition (while still polling, so the
-//! group keeps it) until the head is due, forwards it, and resumes.
+//! header. The tier consumer reads each partition a little ahead of the clock into memory and
+//! forwards each record when it is due, never before, in offset order: a record due earlier
+//! than one ahead of it in the same partition waits for that one. A record goes back at most
+//! [`HOLD_BATCH`] after its due time, together with every record of its partition due by then.
 //!
-//! A held head is forwarded [`HOLD_BATCH`] after its due time, never before it. Records parked
-//! or retried in a burst are due milliseconds apart, and librdkafka drops a partition's
-//! prefetched records when it is paused: released exactly on time, each record of a burst cost
-//! a pause, a resume and a fetch of its own (re-reading up to a fetch's worth of the log). Held a
-//! little past the head's due time, the records due right behind it are due too when the
-//! partition is read again, and go back in the same fetch.
+//! It pauses a partition (while still polling, so the group keeps it) once the last record it
+//! holds from it is due more than [`READ_AHEAD`] from now, and resumes it once that record is
+//! due within [`RESUME_AHEAD`]. librdkafka drops a paused partition's prefetched records and
+//! fetches a resumed one only when its broker thread next wakes: at the consumer's next fetch
+//! response (every idle fetch wait of the other partitions) or, with every partition paused,
+//! after up to a second. Resumed that far ahead, the records behind are in memory by the time
+//! they are due; read ahead that far, a burst due milliseconds apart costs one pause and one
+//! resume per second of due times, not per record. Memory stays bounded: at most [`MAX_HELD`]
+//! records per partition, and [`MAX_HELD_BYTES`] of bodies over all partitions beyond one
+//! record per partition; a partition over either pauses until it has forwarded half of it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -109,25 +113,94 @@ pub struct DelayTopics {
     pub invalid: Arc<str>,
 }
 
-/// A partition's head record, held until due.
+/// A record read from a tier partition and not yet forwarded.
 struct Held {
     due: SystemTime,
     offset: i64,
     outgoing: Outgoing,
 }
 
+/// What the stage holds from one tier partition, in offset order, and whether it paused it.
+#[derive(Default)]
+struct Partition {
+    held: VecDeque<Held>,
+    bytes: usize,
+    paused: bool,
+}
+
+impl Partition {
+    fn push(&mut self, held: Held) {
+        self.bytes += held.outgoing.payload.len();
+        self.held.push_back(held);
+    }
+
+    /// The front record if it is due at `now`.
+    fn pop_due(&mut self, now: SystemTime) -> Option<Held> {
+        if self.held.front()?.due > now {
+            return None;
+        }
+        let held = self.held.pop_front()?;
+        self.bytes -= held.outgoing.payload.len();
+        Some(held)
+    }
+
+    /// Whether the partition should be paused at `now`, with `all_bytes` held over every
+    /// partition. A paused partition resumes only once it is well under each bound, so that
+    /// a burst costs a pause and a resume per stretch of due times, not per record.
+    fn wants_pause(&self, all_bytes: usize, now: SystemTime) -> bool {
+        let Some(last) = self.held.back() else {
+            return false;
+        };
+        // Over these a partition pauses; a paused one resumes at or under the latter ones.
+        let (ahead, records, bytes) = if self.paused {
+            (RESUME_AHEAD, MAX_HELD / 2, MAX_HELD_BYTES / 2)
+        } else {
+            (READ_AHEAD, MAX_HELD - 1, MAX_HELD_BYTES)
+        };
+        last.due > now + ahead
+            || self.held.len() > records
+            || (all_bytes > bytes && self.held.len() > 1)
+    }
+
+    /// When the stage should next look at this partition: [`HOLD_BATCH`] after its front record
+    /// is due (to forward it with every record due by then), or when it may resume.
+    fn wake_at(&self, now: SystemTime) -> Option<SystemTime> {
+        let forward = self.held.front().map(|h| h.due + HOLD_BATCH);
+        [forward, self.resume_at(now)].into_iter().flatten().min()
+    }
+
+    /// When a paused partition may resume by the clock alone, if that is still ahead of `now`
+    /// (its other bounds change only as it forwards, which its front's due time wakes for).
+    fn resume_at(&self, now: SystemTime) -> Option<SystemTime> {
+        let last = self.held.back()?;
+        let at = last.due.checked_sub(RESUME_AHEAD).unwrap_or(last.due);
+        (self.paused && at > now).then_some(at)
+    }
+}
+
 /// Records a tier partition may have forwarded but not yet acknowledged.
 const MAX_WINDOW: usize = 10_000;
 
-/// How long after its due time a held head is forwarded, so that the records due right behind
-/// it go back with it (see the module doc). Small beside the shortest tier (seconds), and the
-/// delivery stage sends whatever arrives due.
+/// A partition is paused once the last record held from it is due further ahead than this.
+pub const READ_AHEAD: Duration = Duration::from_secs(3);
+
+/// A paused partition resumes once the last record held from it is due within this: longer
+/// than librdkafka takes to fetch a resumed partition (up to a second, see the module doc).
+pub const RESUME_AHEAD: Duration = Duration::from_millis(1500);
+
+/// How long past its due time a record may wait so that it goes back with the records due
+/// right behind it: a burst due milliseconds apart goes back in a few produce requests, not one
+/// per record. Small beside the shortest tier (seconds).
 pub const HOLD_BATCH: Duration = Duration::from_millis(100);
 
-/// When a head due at `due` is forwarded.
-fn release_at(due: SystemTime) -> SystemTime {
-    due + HOLD_BATCH
-}
+/// Records held per partition at most (a partition with this many pauses). Under the offset
+/// window ([`MAX_WINDOW`]), whose flow control would otherwise pause the partition first; half
+/// of it must last out a resume (up to a second), so bursts due up to about 2,000 records a
+/// second per partition go back on time.
+pub const MAX_HELD: usize = 4_000;
+
+/// Bodies held over all partitions at most, beyond one record per partition.
+pub const MAX_HELD_BYTES: usize = 32 * 1024 * 1024;
 
 /// The delay stage: consumes every tier topic (group `hookline-delay`) and forwards due records.
 pub async fn run(
@@ -137,7 +210,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let mut settlements = Settlements::new("delay", MAX_WINDOW);
-    let mut held: HashMap<Tp, Held> = HashMap::new();
+    let mut parts: HashMap<Tp, Partition> = HashMap::new();
     let mut forwards = FuturesUnordered::new();
     let forward = |tp: Tp, offset: i64, out: Outgoing| {
         let producer = producer.clone();
@@ -149,11 +222,9 @@ pub async fn run(
     };
     let mut store_tick = tokio::time::interval(Duration::from_millis(200));
     loop {
-        let next_release = held.values().map(|h| release_at(h.due)).min();
-        let sleep_for = next_release.map(|at| {
-            at.duration_since(SystemTime::now())
-                .unwrap_or(Duration::ZERO)
-        });
+        let now = SystemTime::now();
+        let next_wake = parts.values().filter_map(|p| p.wake_at(now)).min();
+        let sleep_for = next_wake.map(|at| at.duration_since(now).unwrap_or(Duration::ZERO));
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
@@ -164,20 +235,16 @@ pub async fn run(
             }
             () = sleep_or_never(sleep_for) => {
                 let now = SystemTime::now();
-                let due: Vec<Tp> = held.iter().filter(|(_, h)| release_at(h.due) <= now).map(|(tp, _)| tp.clone()).collect();
-                for tp in due {
-                    let h = held.remove(&tp).expect("listed above");
-                    forwards.push(forward(tp.clone(), h.offset, h.outgoing));
-                    let mut tpl = TopicPartitionList::new();
-                    tpl.add_partition(&tp.0, tp.1);
-                    if let Err(e) = consumer.resume(&tpl) {
-                        tracing::warn!(topic = %tp.0, partition = tp.1, error = %e, "resume failed");
+                for (tp, p) in &mut parts {
+                    while let Some(h) = p.pop_due(now) {
+                        forwards.push(forward(tp.clone(), h.offset, h.outgoing));
                     }
                 }
+                pause_or_resume(&consumer, &mut parts, None, now);
             }
             _ = store_tick.tick() => {
-                // A held head of a partition that moved is re-read by its new owner.
-                forget_moved(&mut held, &settlements.maintain(&consumer));
+                // What is held from a partition that moved is re-read by its new owner.
+                forget_moved(&mut parts, &settlements.maintain(&consumer));
             }
             msg = consumer.recv() => {
                 let msg = match msg {
@@ -187,43 +254,91 @@ pub async fn run(
                         continue;
                     }
                 };
-                forget_moved(&mut held, &settlements.sync(&consumer));
+                forget_moved(&mut parts, &settlements.sync(&consumer));
                 let tp: Tp = (Arc::from(msg.topic()), msg.partition());
                 let offset = msg.offset();
                 settlements.track(&tp, offset);
                 let headers = msg.headers().map(|h| h.detach()).unwrap_or_else(OwnedHeaders::new);
                 let payload = bytes::Bytes::copy_from_slice(msg.payload().unwrap_or_default());
                 let key = msg.key().unwrap_or_default().to_vec();
-                match DeliveryRecord::from_message(&msg) {
-                    Ok(record) => {
-                        // Forward the bytes exactly as they are: nothing re-serialises them.
-                        let out = Outgoing { topic: topics.deliveries.clone(), key, headers, payload };
-                        match record.due_at().filter(|due| *due > SystemTime::now()) {
-                            None => forwards.push(forward(tp, offset, out)),
-                            Some(due) => {
-                                let mut tpl = TopicPartitionList::new();
-                                tpl.add_partition(&tp.0, tp.1);
-                                if let Err(e) = consumer.pause(&tpl) {
-                                    tracing::warn!(topic = %tp.0, partition = tp.1, error = %e, "pause failed");
-                                }
-                                held.insert(tp, Held { due, offset, outgoing: out });
-                            }
-                        }
-                    }
+                let now = SystemTime::now();
+                let (out, due) = match DeliveryRecord::from_message(&msg) {
+                    // Forward the bytes exactly as they are: nothing re-serialises them.
+                    Ok(record) => (
+                        Outgoing { topic: topics.deliveries.clone(), key, headers, payload },
+                        record.due_at().unwrap_or(now),
+                    ),
                     Err(e) => {
                         tracing::warn!(topic = %tp.0, partition = tp.1, offset, error = %e,
                             "undecodable record in a delay tier; sending it to the invalid topic");
                         let headers = headers
                             .insert(rdkafka::message::Header { key: crate::input::INVALID_REASON_HEADER, value: Some("bad_delivery_record") })
                             .insert(rdkafka::message::Header { key: crate::input::INVALID_DETAIL_HEADER, value: Some(e.to_string().as_str()) });
-                        let out = Outgoing { topic: topics.invalid.clone(), key, headers, payload };
-                        forwards.push(forward(tp, offset, out));
+                        (Outgoing { topic: topics.invalid.clone(), key, headers, payload }, now)
                     }
+                };
+                let part = parts.entry(tp.clone()).or_default();
+                // A record from a partition this stage paused means something resumed it (the
+                // offset window's flow control): pause it again if it should be.
+                part.paused = false;
+                if due <= now && part.held.is_empty() {
+                    forwards.push(forward(tp, offset, out));
+                } else {
+                    part.push(Held { due, offset, outgoing: out });
+                    pause_or_resume(&consumer, &mut parts, Some(&tp), now);
                 }
             }
         }
     }
     drain(&consumer, &mut settlements, &mut forwards).await;
+}
+
+/// Pauses or resumes partitions as [`Partition::wants_pause`] says: `only` the one that just
+/// took a record, or every one (after forwarding, which frees room for all). Forgets the
+/// partitions that hold nothing and are not paused.
+fn pause_or_resume(
+    consumer: &StageConsumer,
+    parts: &mut HashMap<Tp, Partition>,
+    only: Option<&Tp>,
+    now: SystemTime,
+) {
+    let all_bytes = parts.values().map(|p| p.bytes).sum();
+    let mut pause = TopicPartitionList::new();
+    let mut resume = TopicPartitionList::new();
+    for (tp, p) in parts.iter() {
+        if only.is_some_and(|o| o != tp) {
+            continue;
+        }
+        match (p.paused, p.wants_pause(all_bytes, now)) {
+            (false, true) => pause.add_partition(&tp.0, tp.1),
+            (true, false) => resume.add_partition(&tp.0, tp.1),
+            _ => continue,
+        };
+    }
+    for (list, paused) in [(pause, true), (resume, false)] {
+        if list.count() == 0 {
+            continue;
+        }
+        let done = if paused {
+            consumer.pause(&list)
+        } else {
+            consumer.resume(&list)
+        };
+        match done {
+            Ok(()) => {
+                for e in list.elements() {
+                    let tp: Tp = (Arc::from(e.topic()), e.partition());
+                    if let Some(p) = parts.get_mut(&tp) {
+                        p.paused = paused;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(paused, error = %e, "pausing or resuming delay tier partitions failed")
+            }
+        }
+    }
+    parts.retain(|_, p| p.paused || !p.held.is_empty());
 }
 
 async fn sleep_or_never(d: Option<Duration>) {
@@ -259,15 +374,132 @@ async fn drain<F>(
 mod tests {
     use super::*;
 
+    fn held(due: SystemTime, offset: i64, bytes: usize) -> Held {
+        Held {
+            due,
+            offset,
+            outgoing: Outgoing {
+                topic: Arc::from("hookline.deliveries"),
+                key: b"ep_1".to_vec(),
+                headers: OwnedHeaders::new(),
+                payload: bytes::Bytes::from(vec![b'x'; bytes]),
+            },
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
     #[test]
-    fn a_held_head_goes_back_a_little_after_its_due_time_never_before() {
-        let due = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        assert!(release_at(due) > due, "never before it is due");
-        assert_eq!(release_at(due), due + HOLD_BATCH);
+    fn records_go_back_in_offset_order_when_due_never_before() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut p = Partition::default();
+        p.push(held(t0 + ms(10), 1, 100));
+        // Due earlier, but behind offset 1: it waits for it.
+        p.push(held(t0 + ms(5), 2, 100));
+        p.push(held(t0 + ms(20), 3, 100));
+        assert_eq!(p.bytes, 300);
         assert!(
-            HOLD_BATCH >= Duration::from_millis(20) && HOLD_BATCH < Duration::from_secs(1),
+            p.pop_due(t0 + ms(9)).is_none(),
+            "nothing before its due time"
+        );
+        let offsets: Vec<i64> = std::iter::from_fn(|| p.pop_due(t0 + ms(10)))
+            .map(|h| h.offset)
+            .collect();
+        assert_eq!(offsets, [1, 2], "offset 2 was due and goes right behind 1");
+        assert!(p.pop_due(t0 + ms(19)).is_none());
+        assert_eq!(p.pop_due(t0 + ms(20)).map(|h| h.offset), Some(3));
+        assert_eq!(p.bytes, 0);
+    }
+
+    #[test]
+    fn a_partition_pauses_once_it_reads_past_the_read_ahead_and_resumes_well_before_due() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut p = Partition::default();
+        assert!(!p.wants_pause(0, now), "nothing held, nothing to pause for");
+        p.push(held(now + READ_AHEAD, 1, 10));
+        assert!(
+            !p.wants_pause(10, now),
+            "due within the read-ahead: read on"
+        );
+        p.push(held(now + READ_AHEAD + ms(1), 2, 10));
+        assert!(p.wants_pause(20, now), "read past the read-ahead");
+        p.paused = true;
+        let resume = p.resume_at(now).expect("paused by the clock");
+        assert_eq!(resume, now + READ_AHEAD + ms(1) - RESUME_AHEAD);
+        assert!(
+            p.wants_pause(20, resume - ms(1)),
+            "stays paused until its last record is due within the resume margin"
+        );
+        assert!(!p.wants_pause(20, resume), "resumes then");
+        assert!(
+            p.resume_at(resume).is_none(),
+            "no wake-up for a time gone by"
+        );
+        assert!(
+            READ_AHEAD > RESUME_AHEAD && RESUME_AHEAD > Duration::from_secs(1),
+            "resumed ahead of librdkafka's up-to-a-second fetch, with room to read a stretch"
+        );
+    }
+
+    #[test]
+    fn the_stage_wakes_a_little_after_the_front_is_due_or_to_resume() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut p = Partition::default();
+        assert_eq!(p.wake_at(now), None, "nothing held");
+        p.push(held(now + ms(10), 1, 1));
+        p.push(held(now + ms(12), 2, 1));
+        assert_eq!(p.wake_at(now), Some(now + ms(10) + HOLD_BATCH));
+        assert!(
+            HOLD_BATCH >= ms(20) && HOLD_BATCH < Duration::from_secs(1),
             "long enough to gather a burst, short beside the 5 s shortest tier"
         );
+        let mut far = Partition::default();
+        far.push(held(now + Duration::from_secs(60), 1, 1));
+        far.paused = true;
+        assert_eq!(
+            far.wake_at(now),
+            Some(now + Duration::from_secs(60) - RESUME_AHEAD),
+            "a paused partition wakes the stage to resume before its front is due"
+        );
+    }
+
+    #[test]
+    fn held_records_and_bytes_are_bounded_with_room_to_drain() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut p = Partition::default();
+        for i in 0..MAX_HELD - 1 {
+            p.push(held(now, i64::try_from(i).unwrap(), 1));
+        }
+        assert!(!p.wants_pause(p.bytes, now));
+        p.push(held(now, 1_000_000, 1));
+        assert!(
+            p.wants_pause(p.bytes, now),
+            "{MAX_HELD} records held: pause"
+        );
+        p.paused = true;
+        while p.held.len() > MAX_HELD / 2 {
+            assert!(p.wants_pause(p.bytes, now), "paused until half drained");
+            p.pop_due(now);
+        }
+        assert!(!p.wants_pause(p.bytes, now), "resumes at half");
+
+        // Bytes count over every partition; one record per partition is always allowed.
+        let mut big = Partition::default();
+        big.push(held(now, 1, 1));
+        assert!(
+            !big.wants_pause(MAX_HELD_BYTES + 1, now),
+            "a lone head always fits"
+        );
+        big.push(held(now, 2, 1));
+        assert!(big.wants_pause(MAX_HELD_BYTES + 1, now));
+        big.paused = true;
+        assert!(
+            big.wants_pause(MAX_HELD_BYTES / 2 + 1, now),
+            "paused until half freed"
+        );
+        assert!(!big.wants_pause(MAX_HELD_BYTES / 2, now));
     }
 
     #[test]

@@ -173,9 +173,9 @@ pub const HOT_FETCH: FetchBatching = FetchBatching {
 /// Every fetch names all of a consumer's partitions and the broker reads each (librdkafka
 /// sends no incremental fetch sessions), so an idle consumer costs the broker its partition
 /// count times its fetch rate. The delay stage holds the most partitions (every tier topic) and
-/// is idle most of the time. A record produced to a tier answers a waiting fetch at once; the
-/// wait only delays records behind a head the stage held back, by at most this much, and those
-/// are retries due seconds to hours later.
+/// is idle most of the time. A record produced to a tier answers a waiting fetch at once, and
+/// the stage resumes a partition it paused well before its records are due (see
+/// [`RESUME_AHEAD`](crate::delay_tier::RESUME_AHEAD)), so the wait delays no retry.
 pub const DELAY_FETCH: FetchBatching = FetchBatching {
     max_wait_ms: 500,
     min_bytes: 1,
