@@ -2,8 +2,9 @@
 //! once with `go install` and points `HOOKLINE_HELM` at): it lints; it renders with the default
 //! values and with overrides; each role's Deployment runs `hookline run` with arguments hookline's
 //! own command line accepts; the TOML in the ConfigMap passes hookline's config validation with
-//! the variables the Secret supplies; probes and ports are the ones hookline serves; and every
-//! metric and label an alert rule queries is one hookline exports.
+//! the variables the Secret supplies; probes and ports are the ones hookline serves; pods run
+//! unprivileged unless values say otherwise; and every metric and label an alert rule queries is
+//! one hookline exports.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,7 +22,7 @@ use hookline::sealed::MasterKey;
 use hookline::service::Role;
 use hookline::storage::memory::MemoryStore;
 use regex::Regex;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tower::ServiceExt;
 
 const RELEASE: &str = "hl";
@@ -378,6 +379,50 @@ async fn check_probes(pod: &Pod) {
     );
 }
 
+/// One role's Deployment: its pod's and its container's security contexts.
+fn security_contexts<'a>(r: &'a Rendered, role: &str) -> (&'a Value, &'a Value) {
+    let pod = &r.get("Deployment", &format!("{}-{role}", fullname()))["spec"]["template"]["spec"];
+    (
+        &pod["securityContext"],
+        &pod["containers"][0]["securityContext"],
+    )
+}
+
+/// Every role runs as a numeric non-root user, under the runtime's seccomp filter, with no
+/// capabilities, no way to gain privileges and a read-only root filesystem (hookline writes
+/// nothing to disk; `hookline run` only reads its config).
+fn check_unprivileged(r: &Rendered) {
+    for role in roles() {
+        let (pod, c) = security_contexts(r, &role);
+        assert_eq!(pod["runAsNonRoot"], true, "{role}: pod runAsNonRoot");
+        for id in ["runAsUser", "runAsGroup"] {
+            assert!(
+                pod[id].as_u64().is_some_and(|n| n > 0),
+                "{role}: pod {id} must be a numeric non-root id, got {}",
+                pod[id]
+            );
+        }
+        assert_eq!(
+            pod["seccompProfile"]["type"], "RuntimeDefault",
+            "{role}: pod seccompProfile"
+        );
+        assert_eq!(
+            c["allowPrivilegeEscalation"], false,
+            "{role}: container allowPrivilegeEscalation"
+        );
+        assert_eq!(
+            c["readOnlyRootFilesystem"], true,
+            "{role}: container readOnlyRootFilesystem"
+        );
+        assert_eq!(
+            c["capabilities"]["drop"],
+            json!(["ALL"]),
+            "{role}: container capabilities"
+        );
+        assert_ne!(c["privileged"], true, "{role}: container privileged");
+    }
+}
+
 /// What `src/telemetry.rs` (the one home of metric names) exports: name → (labels,
 /// is a histogram).
 fn exported_metrics() -> BTreeMap<String, (BTreeSet<String>, bool)> {
@@ -518,6 +563,7 @@ async fn default_values_render_a_working_deployment() {
         r.of_kind("PrometheusRule").is_empty(),
         "alerts are off by default: the CRD may not be installed"
     );
+    check_unprivileged(&r);
     let replicas = BTreeMap::from([("fanout", 1), ("deliver", 2), ("delay", 1)]);
     let pods = check_workloads(&r, &replicas);
     for pod in &pods {
@@ -534,6 +580,12 @@ alerts:
   enabled: true
   ruleLabels: { release: kube-prometheus-stack }
   consumerLag: { records: 5000 }
+podSecurityContext:
+  runAsUser: 10001
+  runAsGroup: null
+  fsGroup: 10001
+securityContext:
+  capabilities: { add: [NET_BIND_SERVICE] }
 roles:
   delay: { replicas: 0 }
 config: |
@@ -556,6 +608,33 @@ config: |
         );
         assert_eq!(pod.config.store.scylla.keyspace, "webhooks");
         check_probes(pod).await;
+    }
+
+    // Operators' security settings merge into the defaults; null drops a default.
+    for role in roles() {
+        let (pod, c) = security_contexts(&r, &role);
+        let set = |ctx: &Value, key: &str, want: Value, why: &str| {
+            let have = key.split('.').fold(ctx, |v, k| &v[k]);
+            assert_eq!(have, &want, "{role}: {key} should be {want}: {why}");
+        };
+        set(pod, "runAsUser", json!(10001), "values override it");
+        set(pod, "fsGroup", json!(10001), "values add it");
+        set(pod, "runAsGroup", Value::Null, "values set it to null");
+        set(pod, "runAsNonRoot", json!(true), "the default");
+        set(
+            pod,
+            "seccompProfile.type",
+            json!("RuntimeDefault"),
+            "the default",
+        );
+        set(
+            c,
+            "capabilities.add",
+            json!(["NET_BIND_SERVICE"]),
+            "values add it",
+        );
+        set(c, "capabilities.drop", json!(["ALL"]), "the default");
+        set(c, "readOnlyRootFilesystem", json!(true), "the default");
     }
 
     let alerts = check_rules(&r);
