@@ -3,8 +3,9 @@
 //! values and with overrides; each role's Deployment runs `hookline run` with arguments hookline's
 //! own command line accepts; the TOML in the ConfigMap passes hookline's config validation with
 //! the variables the Secret supplies; probes and ports are the ones hookline serves; pods run
-//! unprivileged unless values say otherwise; and every metric and label an alert rule queries is
-//! one hookline exports.
+//! unprivileged unless values say otherwise; the PodMonitor scrapes every role's pods and gives
+//! their series the labels the alert rules select on; and every metric and label an alert rule
+//! queries is one hookline exports.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -423,6 +424,114 @@ fn check_unprivileged(r: &Rendered) {
     }
 }
 
+/// The labels of one scrape target's series, its `up` included.
+type Target = BTreeMap<String, String>;
+
+/// A Kubernetes label key as the Prometheus Operator names it on series (`podTargetLabels`):
+/// every character that may not stand in a Prometheus label name becomes `_`.
+fn series_label(key: &str) -> String {
+    key.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// The PodMonitor selects every role's pods and scrapes them on a port their container has.
+/// Returns the targets it makes, one per pod, labelled as the Prometheus Operator labels them:
+/// namespace, pod, container, job, endpoint and instance, plus each `podTargetLabels` key.
+fn check_pod_monitor(r: &Rendered) -> Vec<Target> {
+    let pm = r.get("PodMonitor", &fullname());
+    assert_eq!(pm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(
+        pm["spec"]["namespaceSelector"]["matchNames"],
+        json!([NAMESPACE]),
+        "the PodMonitor looks in the release's namespace"
+    );
+    let selector = pm["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("PodMonitor matchLabels");
+    assert_eq!(
+        selector["app.kubernetes.io/instance"], RELEASE,
+        "the PodMonitor selects this release's pods only"
+    );
+    let copied: Vec<&str> = pm["spec"]["podTargetLabels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| l.as_str().expect("podTargetLabels are strings"))
+        .collect();
+    let endpoints = pm["spec"]["podMetricsEndpoints"]
+        .as_array()
+        .expect("podMetricsEndpoints");
+    assert_eq!(
+        endpoints.len(),
+        1,
+        "one scrape endpoint: hookline's metrics"
+    );
+    let endpoint = &endpoints[0];
+    assert_eq!(endpoint["path"], "/metrics");
+    let port = endpoint["port"]
+        .as_str()
+        .expect("the endpoint names a port");
+
+    let mut targets = Vec::new();
+    for d in r.of_kind("Deployment") {
+        let name = d["metadata"]["name"].as_str().expect("name");
+        let pod = &d["spec"]["template"];
+        let labels = &pod["metadata"]["labels"];
+        for (k, v) in selector {
+            assert_eq!(
+                &labels[k], v,
+                "the PodMonitor does not select {name}'s pods ({k})"
+            );
+        }
+        let c = &pod["spec"]["containers"][0];
+        let ports = c["ports"].as_array().expect("ports");
+        let number = ports
+            .iter()
+            .find(|p| p["name"] == port)
+            .and_then(|p| p["containerPort"].as_u64())
+            .unwrap_or_else(|| {
+                let names: Vec<&str> = ports.iter().filter_map(|p| p["name"].as_str()).collect();
+                panic!(
+                    "the PodMonitor scrapes port {port:?}, which {name}'s container does not \
+                     have (its ports: {names:?})"
+                )
+            });
+        for i in 0..d["spec"]["replicas"].as_u64().expect("replicas") {
+            let mut t = Target::from([
+                ("namespace".into(), NAMESPACE.into()),
+                ("pod".into(), format!("{name}-{i}")),
+                ("container".into(), c["name"].as_str().expect("name").into()),
+                ("job".into(), format!("{NAMESPACE}/{}", fullname())),
+                ("endpoint".into(), port.into()),
+                ("instance".into(), format!("10.0.0.{i}:{number}")),
+            ]);
+            for key in &copied {
+                let value = labels[*key].as_str().unwrap_or_else(|| {
+                    panic!("podTargetLabels names {key}, which {name}'s pods do not carry")
+                });
+                t.insert(series_label(key), value.into());
+            }
+            targets.push(t);
+        }
+    }
+    targets
+}
+
+/// Whether a series with `labels` satisfies the PromQL matchers `name op "value"`.
+fn selects(matchers: &[(String, String, String)], labels: &Target) -> bool {
+    matchers.iter().all(|(name, op, value)| {
+        let have = labels.get(name).map(String::as_str).unwrap_or("");
+        let re = || Regex::new(&format!("^(?:{value})$")).expect("matcher regex");
+        match op.as_str() {
+            "=" => have == value,
+            "!=" => have != value,
+            "=~" => re().is_match(have),
+            _ => !re().is_match(have),
+        }
+    })
+}
+
 /// What `src/telemetry.rs` (the one home of metric names) exports: name → (labels,
 /// is a histogram).
 fn exported_metrics() -> BTreeMap<String, (BTreeSet<String>, bool)> {
@@ -453,9 +562,10 @@ fn exported_metrics() -> BTreeMap<String, (BTreeSet<String>, bool)> {
     out
 }
 
-/// Every rule of the PrometheusRule: well formed, and querying only what hookline exports.
-/// Returns alert name → expressions.
-fn check_rules(r: &Rendered) -> BTreeMap<String, Vec<String>> {
+/// Every rule of the PrometheusRule: well formed, querying only what hookline exports, and
+/// selecting `up` series that the `targets` (the PodMonitor's) have. Returns alert name →
+/// expressions.
+fn check_rules(r: &Rendered, targets: &[Target]) -> BTreeMap<String, Vec<String>> {
     let rules = r.get("PrometheusRule", &fullname());
     assert_eq!(rules["apiVersion"], "monitoring.coreos.com/v1");
     let exported = exported_metrics();
@@ -505,10 +615,7 @@ fn check_rules(r: &Rendered) -> BTreeMap<String, Vec<String>> {
             for s in selector.captures_iter(expr) {
                 let on = &s[1];
                 let own: BTreeSet<String> = if on == "up" {
-                    ["app_kubernetes_io_instance", "app_kubernetes_io_component"]
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect()
+                    targets.iter().flat_map(|t| t.keys().cloned()).collect()
                 } else {
                     labels_here.clone()
                 };
@@ -523,6 +630,18 @@ fn check_rules(r: &Rendered) -> BTreeMap<String, Vec<String>> {
                             assert!(roles.iter().any(|r| r == v), "{alert}: {l}={v} is no stage");
                         }
                     }
+                }
+                if on == "up" {
+                    let matchers: Vec<(String, String, String)> = matcher
+                        .captures_iter(&s[2])
+                        .map(|m| (m[1].to_owned(), m[2].to_owned(), m[3].to_owned()))
+                        .collect();
+                    assert!(
+                        targets.iter().any(|t| selects(&matchers, t)),
+                        "{alert}: no pod the PodMonitor scrapes has an `up` series that {} \
+                         selects; its targets: {targets:?}",
+                        &s[0]
+                    );
                 }
             }
             for b in by.captures_iter(expr) {
@@ -553,16 +672,26 @@ fn chart_lints_strictly() {
     let chart = chart();
     let chart = chart.to_str().expect("UTF-8");
     helm(&["lint", "--strict", chart]);
-    helm(&["lint", "--strict", chart, "--set", "alerts.enabled=true"]);
+    helm(&[
+        "lint",
+        "--strict",
+        chart,
+        "--set",
+        "alerts.enabled=true",
+        "--set",
+        "podMonitor.enabled=true",
+    ]);
 }
 
 #[tokio::test]
 async fn default_values_render_a_working_deployment() {
     let r = render(&[]);
-    assert!(
-        r.of_kind("PrometheusRule").is_empty(),
-        "alerts are off by default: the CRD may not be installed"
-    );
+    for kind in ["PrometheusRule", "PodMonitor"] {
+        assert!(
+            r.of_kind(kind).is_empty(),
+            "no {kind} by default: the Prometheus Operator's CRDs may not be installed"
+        );
+    }
     check_unprivileged(&r);
     let replicas = BTreeMap::from([("fanout", 1), ("deliver", 2), ("delay", 1)]);
     let pods = check_workloads(&r, &replicas);
@@ -580,6 +709,10 @@ alerts:
   enabled: true
   ruleLabels: { release: kube-prometheus-stack }
   consumerLag: { records: 5000 }
+podMonitor:
+  enabled: true
+  interval: 15s
+  labels: { release: kube-prometheus-stack }
 podSecurityContext:
   runAsUser: 10001
   runAsGroup: null
@@ -637,7 +770,14 @@ config: |
         set(c, "readOnlyRootFilesystem", json!(true), "the default");
     }
 
-    let alerts = check_rules(&r);
+    let targets = check_pod_monitor(&r);
+    let monitor = r.get("PodMonitor", &fullname());
+    assert_eq!(monitor["spec"]["podMetricsEndpoints"][0]["interval"], "15s");
+    assert_eq!(
+        monitor["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    let alerts = check_rules(&r, &targets);
     let rule = r.get("PrometheusRule", &fullname());
     assert_eq!(
         rule["metadata"]["labels"]["release"],
