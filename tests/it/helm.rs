@@ -5,11 +5,13 @@
 //! the variables the Secret supplies; probes and ports are the ones hookline serves; pods run
 //! unprivileged unless values say otherwise; the PodMonitor scrapes every role's pods and gives
 //! their series the labels the alert rules select on; and every metric and label an alert rule
-//! queries is one hookline exports.
+//! queries is one hookline exports. A real promtool (also built by `tests/run`, found through
+//! `HOOKLINE_PROMTOOL`) checks the rendered rules and runs unit tests of alerts on hookline's
+//! series.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -38,10 +40,10 @@ fn chart() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("helm/hookline")
 }
 
-/// `HOOKLINE_HELM`, else the newest helm `tests/run` built under the tools cache, else `helm` on
-/// PATH.
-fn helm_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("HOOKLINE_HELM") {
+/// `env_var`, else the newest `name` that `tests/run` built under the tools cache
+/// (`<tools>/<name>-<version>/<name>`), else `name` on PATH.
+fn tool_bin(name: &str, env_var: &str) -> PathBuf {
+    if let Some(bin) = std::env::var_os(env_var) {
         return bin.into();
     }
     let tools = std::env::var_os("HOOKLINE_TOOLS_HOME")
@@ -52,24 +54,29 @@ fn helm_bin() -> PathBuf {
         .into_iter()
         .flatten()
         .filter_map(|e| e.ok())
-        .map(|e| e.path().join("helm"))
+        .map(|e| e.path().join(name))
         .filter(|p| p.is_file())
         .collect();
     built.sort();
-    built.pop().unwrap_or_else(|| PathBuf::from("helm"))
+    built.pop().unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// Runs a tool `tests/run` builds; one that cannot be started fails the test with how to get it.
+fn run_tool(name: &str, env_var: &str, module: &str, args: &[&str]) -> Output {
+    let bin = tool_bin(name, env_var);
+    Command::new(&bin).args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run {name} ({}: {e}). Run `tests/run`, which builds the pinned {name} with \
+             `go install {module}@...` into ~/.cache/hookline/tools, or set {env_var} to a \
+             {name} binary",
+            bin.display()
+        )
+    })
 }
 
 /// Runs helm and returns its stdout; any failure, a missing helm included, fails the test.
 fn helm(args: &[&str]) -> String {
-    let bin = helm_bin();
-    let out = Command::new(&bin).args(args).output().unwrap_or_else(|e| {
-        panic!(
-            "cannot run helm ({}: {e}). Run `tests/run`, which builds the pinned helm with \
-             `go install helm.sh/helm/v3/cmd/helm@...` into ~/.cache/hookline/tools, or set \
-             HOOKLINE_HELM to a helm v3 binary",
-            bin.display()
-        )
-    });
+    let out = run_tool("helm", "HOOKLINE_HELM", "helm.sh/helm/v3/cmd/helm", args);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -79,6 +86,24 @@ fn helm(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// Runs promtool; a report of any problem, or a missing promtool, fails the test with its output.
+fn promtool(args: &[&str]) {
+    let out = run_tool(
+        "promtool",
+        "HOOKLINE_PROMTOOL",
+        "github.com/prometheus/prometheus/cmd/promtool",
+        args,
+    );
+    assert!(
+        out.status.success(),
+        "promtool {} failed ({}):\n{}{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The manifests `helm template` renders, as JSON values.
@@ -121,11 +146,16 @@ fn render(args: &[&str]) -> Rendered {
     Rendered { docs }
 }
 
+/// Writes a file for helm or promtool under the test binary's temp dir; returns its path.
+fn tmp_file(name: &str, text: &str) -> String {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    path.to_str().expect("UTF-8 path").to_owned()
+}
+
 /// Writes a values file for `helm template -f`, named by the test that uses it.
 fn values_file(test: &str, yaml: &str) -> String {
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("helm-{test}.yaml"));
-    std::fs::write(&path, yaml).expect("write values file");
-    path.to_str().expect("UTF-8 path").to_owned()
+    tmp_file(&format!("helm-{test}.yaml"), yaml)
 }
 
 /// The roles a Deployment exists for: every role hookline's `--role` takes except `all`.
@@ -659,6 +689,165 @@ fn check_rules(r: &Rendered, targets: &[Target]) -> BTreeMap<String, Vec<String>
         }
     }
     alerts
+}
+
+/// The chart with alerts and the PodMonitor on, checked as `overridden_values_...` checks them:
+/// the rule groups (the PrometheusRule's `spec`, a Prometheus rule file) and the PodMonitor's
+/// targets.
+fn monitored() -> (Value, Vec<Target>) {
+    let r = render(&[
+        "--set",
+        "alerts.enabled=true",
+        "--set",
+        "podMonitor.enabled=true",
+    ]);
+    let targets = check_pod_monitor(&r);
+    check_rules(&r, &targets);
+    (
+        r.get("PrometheusRule", &fullname())["spec"].clone(),
+        targets,
+    )
+}
+
+fn yaml(doc: &Value) -> String {
+    serde_yaml_ng::to_string(doc).expect("YAML")
+}
+
+/// A series in PromQL notation, of a metric hookline exports with labels it or Prometheus sets.
+fn hookline_series(name: &str, labels: &[(&str, &str)]) -> String {
+    let exported = exported_metrics();
+    let (own, _) = exported
+        .get(name)
+        .unwrap_or_else(|| panic!("hookline exports no {name}"));
+    for (l, _) in labels {
+        assert!(
+            TARGET_LABELS.contains(l) || own.contains(*l),
+            "{name} has no label {l}"
+        );
+    }
+    series(name, labels.iter().map(|(k, v)| (*k, *v)))
+}
+
+fn series<'a>(name: &str, labels: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+    let labels: Vec<String> = labels.map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    format!("{name}{{{}}}", labels.join(", "))
+}
+
+/// promtool unit tests of three alerts on the series hookline exports (at the defaults'
+/// thresholds and `for:` durations), one sample a minute.
+fn rule_tests(rules: &str, targets: &[Target]) -> Value {
+    use hookline::retry_policy::DeadReason;
+    use hookline::telemetry::name::{BREAKERS_OPEN, DEAD_LETTERS};
+    let deliver = format!("{}-deliver", fullname());
+    let pod = |i: u32| format!("{deliver}-{i}");
+    let dead = |ns: &str, reason: DeadReason| {
+        hookline_series(
+            DEAD_LETTERS,
+            &[
+                ("namespace", ns),
+                ("pod", &pod(0)),
+                ("reason", reason.as_str()),
+            ],
+        )
+    };
+    let open = |i| hookline_series(BREAKERS_OPEN, &[("namespace", NAMESPACE), ("pod", &pod(i))]);
+    // Deliver pods stop answering scrapes after 10 minutes; the other roles stay up.
+    let up: Vec<Value> = targets
+        .iter()
+        .map(|t| {
+            let values = if t["app_kubernetes_io_component"] == "deliver" {
+                "1x10 0x30"
+            } else {
+                "1x40"
+            };
+            let labels = t.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            json!({"series": series("up", labels), "values": values})
+        })
+        .collect();
+    json!({
+        "rule_files": [rules],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "name": "dead letters: 5 a minute for one reason, in this namespace only",
+                "interval": "1m",
+                "input_series": [
+                    {"series": dead(NAMESPACE, DeadReason::HttpStatus), "values": "0+5x40"},
+                    {"series": dead(NAMESPACE, DeadReason::WindowExhausted), "values": "3x40"},
+                    {"series": dead("elsewhere", DeadReason::WindowExhausted), "values": "0+50x40"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "10m", "alertname": "HooklineDeadLetters", "exp_alerts": []},
+                    {
+                        "eval_time": "30m",
+                        "alertname": "HooklineDeadLetters",
+                        "exp_alerts": [{"exp_labels": {
+                            "severity": "warning",
+                            "reason": DeadReason::HttpStatus.as_str(),
+                        }}],
+                    },
+                ],
+            },
+            {
+                "name": "breakers: 6 open on each of two deliver pods",
+                "interval": "1m",
+                "input_series": [
+                    {"series": open(0), "values": "6x60"},
+                    {"series": open(1), "values": "6x60"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "20m", "alertname": "HooklineManyBreakersOpen", "exp_alerts": []},
+                    {
+                        "eval_time": "45m",
+                        "alertname": "HooklineManyBreakersOpen",
+                        "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
+                    },
+                ],
+            },
+            {
+                "name": "role down: the PodMonitor's deliver targets stop answering",
+                "interval": "1m",
+                "input_series": up,
+                "alert_rule_test": [
+                    {"eval_time": "8m", "alertname": "HooklineRoleDown", "exp_alerts": []},
+                    {
+                        "eval_time": "25m",
+                        "alertname": "HooklineRoleDown",
+                        "exp_alerts": [{"exp_labels": {"severity": "critical", "role": "deliver"}}],
+                    },
+                ],
+            },
+        ],
+    })
+}
+
+/// Prometheus's own parser and linter accept the rule groups the chart renders (PromQL, `for:`,
+/// label and annotation templates, duplicate rules).
+#[test]
+fn alert_rules_pass_promtool_check() {
+    let (groups, _) = monitored();
+    let rules = tmp_file("promtool-check-rules.yaml", &yaml(&groups));
+    promtool(&["check", "rules", "--lint=all", "--lint-fatal", &rules]);
+}
+
+/// Prometheus's rule engine fires the alerts on the series hookline exports, labelled as the
+/// PodMonitor labels them, after their `for:` and not before.
+#[test]
+fn alerts_fire_on_the_series_hookline_exports() {
+    let (mut groups, targets) = monitored();
+    // promtool compares annotations too; they are prose for people (`promtool check rules`
+    // parses their templates), so the unit tests run on the rules without them.
+    for group in groups["groups"].as_array_mut().expect("groups") {
+        for rule in group["rules"].as_array_mut().expect("rules") {
+            rule.as_object_mut().expect("rule").remove("annotations");
+        }
+    }
+    let rules = tmp_file("promtool-unit-rules.yaml", &yaml(&groups));
+    let tests = tmp_file(
+        "promtool-unit-tests.yaml",
+        &yaml(&rule_tests(&rules, &targets)),
+    );
+    promtool(&["test", "rules", &tests]);
 }
 
 #[test]
