@@ -2,12 +2,16 @@
 //! once with `go install` and points `HOOKLINE_HELM` at): it lints; it renders with the default
 //! values and with overrides; each role's Deployment runs `hookline run` with arguments hookline's
 //! own command line accepts; the TOML in the ConfigMap passes hookline's config validation with
-//! the variables the Secret supplies; probes and ports are the ones hookline serves; and every
-//! metric and label an alert rule queries is one hookline exports.
+//! the variables the Secret supplies; probes and ports are the ones hookline serves; pods run
+//! unprivileged unless values say otherwise; the PodMonitor scrapes every role's pods and gives
+//! their series the labels the alert rules select on; and every metric and label an alert rule
+//! queries is one hookline exports. A real promtool (also built by `tests/run`, found through
+//! `HOOKLINE_PROMTOOL`) checks the rendered rules and runs unit tests of alerts on hookline's
+//! series.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -21,7 +25,7 @@ use hookline::sealed::MasterKey;
 use hookline::service::Role;
 use hookline::storage::memory::MemoryStore;
 use regex::Regex;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tower::ServiceExt;
 
 const RELEASE: &str = "hl";
@@ -36,10 +40,10 @@ fn chart() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("helm/hookline")
 }
 
-/// `HOOKLINE_HELM`, else the newest helm `tests/run` built under the tools cache, else `helm` on
-/// PATH.
-fn helm_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("HOOKLINE_HELM") {
+/// `env_var`, else the newest `name` that `tests/run` built under the tools cache
+/// (`<tools>/<name>-<version>/<name>`), else `name` on PATH.
+fn tool_bin(name: &str, env_var: &str) -> PathBuf {
+    if let Some(bin) = std::env::var_os(env_var) {
         return bin.into();
     }
     let tools = std::env::var_os("HOOKLINE_TOOLS_HOME")
@@ -50,24 +54,29 @@ fn helm_bin() -> PathBuf {
         .into_iter()
         .flatten()
         .filter_map(|e| e.ok())
-        .map(|e| e.path().join("helm"))
+        .map(|e| e.path().join(name))
         .filter(|p| p.is_file())
         .collect();
     built.sort();
-    built.pop().unwrap_or_else(|| PathBuf::from("helm"))
+    built.pop().unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// Runs a tool `tests/run` builds; one that cannot be started fails the test with how to get it.
+fn run_tool(name: &str, env_var: &str, module: &str, args: &[&str]) -> Output {
+    let bin = tool_bin(name, env_var);
+    Command::new(&bin).args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run {name} ({}: {e}). Run `tests/run`, which builds the pinned {name} with \
+             `go install {module}@...` into ~/.cache/hookline/tools, or set {env_var} to a \
+             {name} binary",
+            bin.display()
+        )
+    })
 }
 
 /// Runs helm and returns its stdout; any failure, a missing helm included, fails the test.
 fn helm(args: &[&str]) -> String {
-    let bin = helm_bin();
-    let out = Command::new(&bin).args(args).output().unwrap_or_else(|e| {
-        panic!(
-            "cannot run helm ({}: {e}). Run `tests/run`, which builds the pinned helm with \
-             `go install helm.sh/helm/v3/cmd/helm@...` into ~/.cache/hookline/tools, or set \
-             HOOKLINE_HELM to a helm v3 binary",
-            bin.display()
-        )
-    });
+    let out = run_tool("helm", "HOOKLINE_HELM", "helm.sh/helm/v3/cmd/helm", args);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -77,6 +86,24 @@ fn helm(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// Runs promtool; a report of any problem, or a missing promtool, fails the test with its output.
+fn promtool(args: &[&str]) {
+    let out = run_tool(
+        "promtool",
+        "HOOKLINE_PROMTOOL",
+        "github.com/prometheus/prometheus/cmd/promtool",
+        args,
+    );
+    assert!(
+        out.status.success(),
+        "promtool {} failed ({}):\n{}{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The manifests `helm template` renders, as JSON values.
@@ -119,11 +146,16 @@ fn render(args: &[&str]) -> Rendered {
     Rendered { docs }
 }
 
+/// Writes a file for helm or promtool under the test binary's temp dir; returns its path.
+fn tmp_file(name: &str, text: &str) -> String {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    path.to_str().expect("UTF-8 path").to_owned()
+}
+
 /// Writes a values file for `helm template -f`, named by the test that uses it.
 fn values_file(test: &str, yaml: &str) -> String {
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("helm-{test}.yaml"));
-    std::fs::write(&path, yaml).expect("write values file");
-    path.to_str().expect("UTF-8 path").to_owned()
+    tmp_file(&format!("helm-{test}.yaml"), yaml)
 }
 
 /// The roles a Deployment exists for: every role hookline's `--role` takes except `all`.
@@ -378,6 +410,158 @@ async fn check_probes(pod: &Pod) {
     );
 }
 
+/// One role's Deployment: its pod's and its container's security contexts.
+fn security_contexts<'a>(r: &'a Rendered, role: &str) -> (&'a Value, &'a Value) {
+    let pod = &r.get("Deployment", &format!("{}-{role}", fullname()))["spec"]["template"]["spec"];
+    (
+        &pod["securityContext"],
+        &pod["containers"][0]["securityContext"],
+    )
+}
+
+/// Every role runs as a numeric non-root user, under the runtime's seccomp filter, with no
+/// capabilities, no way to gain privileges and a read-only root filesystem (hookline writes
+/// nothing to disk; `hookline run` only reads its config).
+fn check_unprivileged(r: &Rendered) {
+    for role in roles() {
+        let (pod, c) = security_contexts(r, &role);
+        assert_eq!(pod["runAsNonRoot"], true, "{role}: pod runAsNonRoot");
+        for id in ["runAsUser", "runAsGroup"] {
+            assert!(
+                pod[id].as_u64().is_some_and(|n| n > 0),
+                "{role}: pod {id} must be a numeric non-root id, got {}",
+                pod[id]
+            );
+        }
+        assert_eq!(
+            pod["seccompProfile"]["type"], "RuntimeDefault",
+            "{role}: pod seccompProfile"
+        );
+        assert_eq!(
+            c["allowPrivilegeEscalation"], false,
+            "{role}: container allowPrivilegeEscalation"
+        );
+        assert_eq!(
+            c["readOnlyRootFilesystem"], true,
+            "{role}: container readOnlyRootFilesystem"
+        );
+        assert_eq!(
+            c["capabilities"]["drop"],
+            json!(["ALL"]),
+            "{role}: container capabilities"
+        );
+        assert_ne!(c["privileged"], true, "{role}: container privileged");
+    }
+}
+
+/// The labels of one scrape target's series, its `up` included.
+type Target = BTreeMap<String, String>;
+
+/// A Kubernetes label key as the Prometheus Operator names it on series (`podTargetLabels`):
+/// every character that may not stand in a Prometheus label name becomes `_`.
+fn series_label(key: &str) -> String {
+    key.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// The PodMonitor selects every role's pods and scrapes them on a port their container has.
+/// Returns the targets it makes, one per pod, labelled as the Prometheus Operator labels them:
+/// namespace, pod, container, job, endpoint and instance, plus each `podTargetLabels` key.
+fn check_pod_monitor(r: &Rendered) -> Vec<Target> {
+    let pm = r.get("PodMonitor", &fullname());
+    assert_eq!(pm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(
+        pm["spec"]["namespaceSelector"]["matchNames"],
+        json!([NAMESPACE]),
+        "the PodMonitor looks in the release's namespace"
+    );
+    let selector = pm["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("PodMonitor matchLabels");
+    assert_eq!(
+        selector["app.kubernetes.io/instance"], RELEASE,
+        "the PodMonitor selects this release's pods only"
+    );
+    let copied: Vec<&str> = pm["spec"]["podTargetLabels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| l.as_str().expect("podTargetLabels are strings"))
+        .collect();
+    let endpoints = pm["spec"]["podMetricsEndpoints"]
+        .as_array()
+        .expect("podMetricsEndpoints");
+    assert_eq!(
+        endpoints.len(),
+        1,
+        "one scrape endpoint: hookline's metrics"
+    );
+    let endpoint = &endpoints[0];
+    assert_eq!(endpoint["path"], "/metrics");
+    let port = endpoint["port"]
+        .as_str()
+        .expect("the endpoint names a port");
+
+    let mut targets = Vec::new();
+    for d in r.of_kind("Deployment") {
+        let name = d["metadata"]["name"].as_str().expect("name");
+        let pod = &d["spec"]["template"];
+        let labels = &pod["metadata"]["labels"];
+        for (k, v) in selector {
+            assert_eq!(
+                &labels[k], v,
+                "the PodMonitor does not select {name}'s pods ({k})"
+            );
+        }
+        let c = &pod["spec"]["containers"][0];
+        let ports = c["ports"].as_array().expect("ports");
+        let number = ports
+            .iter()
+            .find(|p| p["name"] == port)
+            .and_then(|p| p["containerPort"].as_u64())
+            .unwrap_or_else(|| {
+                let names: Vec<&str> = ports.iter().filter_map(|p| p["name"].as_str()).collect();
+                panic!(
+                    "the PodMonitor scrapes port {port:?}, which {name}'s container does not \
+                     have (its ports: {names:?})"
+                )
+            });
+        for i in 0..d["spec"]["replicas"].as_u64().expect("replicas") {
+            let mut t = Target::from([
+                ("namespace".into(), NAMESPACE.into()),
+                ("pod".into(), format!("{name}-{i}")),
+                ("container".into(), c["name"].as_str().expect("name").into()),
+                ("job".into(), format!("{NAMESPACE}/{}", fullname())),
+                ("endpoint".into(), port.into()),
+                ("instance".into(), format!("10.0.0.{i}:{number}")),
+            ]);
+            for key in &copied {
+                let value = labels[*key].as_str().unwrap_or_else(|| {
+                    panic!("podTargetLabels names {key}, which {name}'s pods do not carry")
+                });
+                t.insert(series_label(key), value.into());
+            }
+            targets.push(t);
+        }
+    }
+    targets
+}
+
+/// Whether a series with `labels` satisfies the PromQL matchers `name op "value"`.
+fn selects(matchers: &[(String, String, String)], labels: &Target) -> bool {
+    matchers.iter().all(|(name, op, value)| {
+        let have = labels.get(name).map(String::as_str).unwrap_or("");
+        let re = || Regex::new(&format!("^(?:{value})$")).expect("matcher regex");
+        match op.as_str() {
+            "=" => have == value,
+            "!=" => have != value,
+            "=~" => re().is_match(have),
+            _ => !re().is_match(have),
+        }
+    })
+}
+
 /// What `src/telemetry.rs` (the one home of metric names) exports: name → (labels,
 /// is a histogram).
 fn exported_metrics() -> BTreeMap<String, (BTreeSet<String>, bool)> {
@@ -408,9 +592,10 @@ fn exported_metrics() -> BTreeMap<String, (BTreeSet<String>, bool)> {
     out
 }
 
-/// Every rule of the PrometheusRule: well formed, and querying only what hookline exports.
-/// Returns alert name → expressions.
-fn check_rules(r: &Rendered) -> BTreeMap<String, Vec<String>> {
+/// Every rule of the PrometheusRule: well formed, querying only what hookline exports, and
+/// selecting `up` series that the `targets` (the PodMonitor's) have. Returns alert name →
+/// expressions.
+fn check_rules(r: &Rendered, targets: &[Target]) -> BTreeMap<String, Vec<String>> {
     let rules = r.get("PrometheusRule", &fullname());
     assert_eq!(rules["apiVersion"], "monitoring.coreos.com/v1");
     let exported = exported_metrics();
@@ -460,10 +645,7 @@ fn check_rules(r: &Rendered) -> BTreeMap<String, Vec<String>> {
             for s in selector.captures_iter(expr) {
                 let on = &s[1];
                 let own: BTreeSet<String> = if on == "up" {
-                    ["app_kubernetes_io_instance", "app_kubernetes_io_component"]
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect()
+                    targets.iter().flat_map(|t| t.keys().cloned()).collect()
                 } else {
                     labels_here.clone()
                 };
@@ -478,6 +660,18 @@ fn check_rules(r: &Rendered) -> BTreeMap<String, Vec<String>> {
                             assert!(roles.iter().any(|r| r == v), "{alert}: {l}={v} is no stage");
                         }
                     }
+                }
+                if on == "up" {
+                    let matchers: Vec<(String, String, String)> = matcher
+                        .captures_iter(&s[2])
+                        .map(|m| (m[1].to_owned(), m[2].to_owned(), m[3].to_owned()))
+                        .collect();
+                    assert!(
+                        targets.iter().any(|t| selects(&matchers, t)),
+                        "{alert}: no pod the PodMonitor scrapes has an `up` series that {} \
+                         selects; its targets: {targets:?}",
+                        &s[0]
+                    );
                 }
             }
             for b in by.captures_iter(expr) {
@@ -497,6 +691,165 @@ fn check_rules(r: &Rendered) -> BTreeMap<String, Vec<String>> {
     alerts
 }
 
+/// The chart with alerts and the PodMonitor on, checked as `overridden_values_...` checks them:
+/// the rule groups (the PrometheusRule's `spec`, a Prometheus rule file) and the PodMonitor's
+/// targets.
+fn monitored() -> (Value, Vec<Target>) {
+    let r = render(&[
+        "--set",
+        "alerts.enabled=true",
+        "--set",
+        "podMonitor.enabled=true",
+    ]);
+    let targets = check_pod_monitor(&r);
+    check_rules(&r, &targets);
+    (
+        r.get("PrometheusRule", &fullname())["spec"].clone(),
+        targets,
+    )
+}
+
+fn yaml(doc: &Value) -> String {
+    serde_yaml_ng::to_string(doc).expect("YAML")
+}
+
+/// A series in PromQL notation, of a metric hookline exports with labels it or Prometheus sets.
+fn hookline_series(name: &str, labels: &[(&str, &str)]) -> String {
+    let exported = exported_metrics();
+    let (own, _) = exported
+        .get(name)
+        .unwrap_or_else(|| panic!("hookline exports no {name}"));
+    for (l, _) in labels {
+        assert!(
+            TARGET_LABELS.contains(l) || own.contains(*l),
+            "{name} has no label {l}"
+        );
+    }
+    series(name, labels.iter().map(|(k, v)| (*k, *v)))
+}
+
+fn series<'a>(name: &str, labels: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+    let labels: Vec<String> = labels.map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    format!("{name}{{{}}}", labels.join(", "))
+}
+
+/// promtool unit tests of three alerts on the series hookline exports (at the defaults'
+/// thresholds and `for:` durations), one sample a minute.
+fn rule_tests(rules: &str, targets: &[Target]) -> Value {
+    use hookline::retry_policy::DeadReason;
+    use hookline::telemetry::name::{BREAKERS_OPEN, DEAD_LETTERS};
+    let deliver = format!("{}-deliver", fullname());
+    let pod = |i: u32| format!("{deliver}-{i}");
+    let dead = |ns: &str, reason: DeadReason| {
+        hookline_series(
+            DEAD_LETTERS,
+            &[
+                ("namespace", ns),
+                ("pod", &pod(0)),
+                ("reason", reason.as_str()),
+            ],
+        )
+    };
+    let open = |i| hookline_series(BREAKERS_OPEN, &[("namespace", NAMESPACE), ("pod", &pod(i))]);
+    // Deliver pods stop answering scrapes after 10 minutes; the other roles stay up.
+    let up: Vec<Value> = targets
+        .iter()
+        .map(|t| {
+            let values = if t["app_kubernetes_io_component"] == "deliver" {
+                "1x10 0x30"
+            } else {
+                "1x40"
+            };
+            let labels = t.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            json!({"series": series("up", labels), "values": values})
+        })
+        .collect();
+    json!({
+        "rule_files": [rules],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "name": "dead letters: 5 a minute for one reason, in this namespace only",
+                "interval": "1m",
+                "input_series": [
+                    {"series": dead(NAMESPACE, DeadReason::HttpStatus), "values": "0+5x40"},
+                    {"series": dead(NAMESPACE, DeadReason::WindowExhausted), "values": "3x40"},
+                    {"series": dead("elsewhere", DeadReason::WindowExhausted), "values": "0+50x40"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "10m", "alertname": "HooklineDeadLetters", "exp_alerts": []},
+                    {
+                        "eval_time": "30m",
+                        "alertname": "HooklineDeadLetters",
+                        "exp_alerts": [{"exp_labels": {
+                            "severity": "warning",
+                            "reason": DeadReason::HttpStatus.as_str(),
+                        }}],
+                    },
+                ],
+            },
+            {
+                "name": "breakers: 6 open on each of two deliver pods",
+                "interval": "1m",
+                "input_series": [
+                    {"series": open(0), "values": "6x60"},
+                    {"series": open(1), "values": "6x60"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "20m", "alertname": "HooklineManyBreakersOpen", "exp_alerts": []},
+                    {
+                        "eval_time": "45m",
+                        "alertname": "HooklineManyBreakersOpen",
+                        "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
+                    },
+                ],
+            },
+            {
+                "name": "role down: the PodMonitor's deliver targets stop answering",
+                "interval": "1m",
+                "input_series": up,
+                "alert_rule_test": [
+                    {"eval_time": "8m", "alertname": "HooklineRoleDown", "exp_alerts": []},
+                    {
+                        "eval_time": "25m",
+                        "alertname": "HooklineRoleDown",
+                        "exp_alerts": [{"exp_labels": {"severity": "critical", "role": "deliver"}}],
+                    },
+                ],
+            },
+        ],
+    })
+}
+
+/// Prometheus's own parser and linter accept the rule groups the chart renders (PromQL, `for:`,
+/// label and annotation templates, duplicate rules).
+#[test]
+fn alert_rules_pass_promtool_check() {
+    let (groups, _) = monitored();
+    let rules = tmp_file("promtool-check-rules.yaml", &yaml(&groups));
+    promtool(&["check", "rules", "--lint=all", "--lint-fatal", &rules]);
+}
+
+/// Prometheus's rule engine fires the alerts on the series hookline exports, labelled as the
+/// PodMonitor labels them, after their `for:` and not before.
+#[test]
+fn alerts_fire_on_the_series_hookline_exports() {
+    let (mut groups, targets) = monitored();
+    // promtool compares annotations too; they are prose for people (`promtool check rules`
+    // parses their templates), so the unit tests run on the rules without them.
+    for group in groups["groups"].as_array_mut().expect("groups") {
+        for rule in group["rules"].as_array_mut().expect("rules") {
+            rule.as_object_mut().expect("rule").remove("annotations");
+        }
+    }
+    let rules = tmp_file("promtool-unit-rules.yaml", &yaml(&groups));
+    let tests = tmp_file(
+        "promtool-unit-tests.yaml",
+        &yaml(&rule_tests(&rules, &targets)),
+    );
+    promtool(&["test", "rules", &tests]);
+}
+
 #[test]
 fn helm_is_v3() {
     let v = helm(&["version", "--short"]);
@@ -508,16 +861,27 @@ fn chart_lints_strictly() {
     let chart = chart();
     let chart = chart.to_str().expect("UTF-8");
     helm(&["lint", "--strict", chart]);
-    helm(&["lint", "--strict", chart, "--set", "alerts.enabled=true"]);
+    helm(&[
+        "lint",
+        "--strict",
+        chart,
+        "--set",
+        "alerts.enabled=true",
+        "--set",
+        "podMonitor.enabled=true",
+    ]);
 }
 
 #[tokio::test]
 async fn default_values_render_a_working_deployment() {
     let r = render(&[]);
-    assert!(
-        r.of_kind("PrometheusRule").is_empty(),
-        "alerts are off by default: the CRD may not be installed"
-    );
+    for kind in ["PrometheusRule", "PodMonitor"] {
+        assert!(
+            r.of_kind(kind).is_empty(),
+            "no {kind} by default: the Prometheus Operator's CRDs may not be installed"
+        );
+    }
+    check_unprivileged(&r);
     let replicas = BTreeMap::from([("fanout", 1), ("deliver", 2), ("delay", 1)]);
     let pods = check_workloads(&r, &replicas);
     for pod in &pods {
@@ -534,6 +898,16 @@ alerts:
   enabled: true
   ruleLabels: { release: kube-prometheus-stack }
   consumerLag: { records: 5000 }
+podMonitor:
+  enabled: true
+  interval: 15s
+  labels: { release: kube-prometheus-stack }
+podSecurityContext:
+  runAsUser: 10001
+  runAsGroup: null
+  fsGroup: 10001
+securityContext:
+  capabilities: { add: [NET_BIND_SERVICE] }
 roles:
   delay: { replicas: 0 }
 config: |
@@ -558,7 +932,41 @@ config: |
         check_probes(pod).await;
     }
 
-    let alerts = check_rules(&r);
+    // Operators' security settings merge into the defaults; null drops a default.
+    for role in roles() {
+        let (pod, c) = security_contexts(&r, &role);
+        let set = |ctx: &Value, key: &str, want: Value, why: &str| {
+            let have = key.split('.').fold(ctx, |v, k| &v[k]);
+            assert_eq!(have, &want, "{role}: {key} should be {want}: {why}");
+        };
+        set(pod, "runAsUser", json!(10001), "values override it");
+        set(pod, "fsGroup", json!(10001), "values add it");
+        set(pod, "runAsGroup", Value::Null, "values set it to null");
+        set(pod, "runAsNonRoot", json!(true), "the default");
+        set(
+            pod,
+            "seccompProfile.type",
+            json!("RuntimeDefault"),
+            "the default",
+        );
+        set(
+            c,
+            "capabilities.add",
+            json!(["NET_BIND_SERVICE"]),
+            "values add it",
+        );
+        set(c, "capabilities.drop", json!(["ALL"]), "the default");
+        set(c, "readOnlyRootFilesystem", json!(true), "the default");
+    }
+
+    let targets = check_pod_monitor(&r);
+    let monitor = r.get("PodMonitor", &fullname());
+    assert_eq!(monitor["spec"]["podMetricsEndpoints"][0]["interval"], "15s");
+    assert_eq!(
+        monitor["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    let alerts = check_rules(&r, &targets);
     let rule = r.get("PrometheusRule", &fullname());
     assert_eq!(
         rule["metadata"]["labels"]["release"],
