@@ -267,6 +267,23 @@ impl Settlements {
     pub fn sync<C: Consumer<StageContext>>(&mut self, consumer: &C) -> Vec<RebalanceEvent> {
         let events = consumer.context().drain();
         self.apply(&events);
+        // librdkafka keeps a pause across a revoke and a later re-assignment of the same
+        // partition, and no stage holds anything of a partition that moved: one paused when it
+        // moved away would come back paused with nothing to resume it. Resuming a partition
+        // that is not paused does nothing.
+        let mut back = TopicPartitionList::new();
+        for e in &events {
+            if let RebalanceEvent::Assigned(tps) = e {
+                for tp in tps {
+                    back.add_partition(&tp.0, tp.1);
+                }
+            }
+        }
+        if back.count() > 0
+            && let Err(e) = consumer.resume(&back)
+        {
+            tracing::warn!(stage = self.stage, error = %e, "resuming assigned partitions failed");
+        }
         events
     }
 
@@ -495,5 +512,112 @@ mod tests {
         assert!(s.needs_pause(&tp()));
         s.settle(&tp(), 1);
         assert!(!s.needs_pause(&tp()), "three unsettled are below the bound");
+    }
+}
+
+#[cfg(test)]
+mod rebalance_tests {
+    use super::*;
+    use crate::kafka::{EmbeddedKafka, TopicSpec, consumer_config, producer_config};
+    use rdkafka::Message;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use std::collections::BTreeMap;
+
+    /// Polls `consumer` (which runs its rebalance callbacks) until `settlements` has seen an
+    /// event that `want` accepts, or 30 s pass. Records read meanwhile are returned.
+    async fn until_event(
+        consumer: &StageConsumer,
+        settlements: &mut Settlements,
+        want: impl Fn(&RebalanceEvent) -> bool,
+    ) -> Vec<RebalanceEvent> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let mut seen = vec![];
+        while tokio::time::Instant::now() < deadline {
+            let _ = tokio::time::timeout(Duration::from_millis(200), consumer.recv()).await;
+            let events = settlements.sync(consumer);
+            let done = events.iter().any(&want);
+            seen.extend(events);
+            if done {
+                return seen;
+            }
+        }
+        panic!("no such rebalance within 30 s; saw {seen:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partition_paused_before_it_moved_away_is_fetched_when_it_comes_back() {
+        let kafka = EmbeddedKafka::start(&[TopicSpec {
+            name: "t".into(),
+            partitions: 2,
+            compacted: false,
+        }])
+        .unwrap();
+        let none = BTreeMap::new();
+        let a: StageConsumer = consumer_config(kafka.bootstrap_servers(), "g", &none)
+            .create_with_context(StageContext::new("delay"))
+            .unwrap();
+        a.subscribe(&["t"]).unwrap();
+        let mut sa = Settlements::new("delay", 100);
+        until_event(
+            &a,
+            &mut sa,
+            |e| matches!(e, RebalanceEvent::Assigned(t) if t.len() == 2),
+        )
+        .await;
+        // A stage pauses both partitions (held records, a full window).
+        let mut both = TopicPartitionList::new();
+        both.add_partition("t", 0);
+        both.add_partition("t", 1);
+        a.pause(&both).unwrap();
+
+        // A second member takes one partition, then leaves: it comes back to the first.
+        let b: StageConsumer = consumer_config(kafka.bootstrap_servers(), "g", &none)
+            .create_with_context(StageContext::new("delay"))
+            .unwrap();
+        b.subscribe(&["t"]).unwrap();
+        let revoked = until_event(&a, &mut sa, |e| matches!(e, RebalanceEvent::Revoked(_))).await;
+        let moved = revoked
+            .iter()
+            .find_map(|e| match e {
+                RebalanceEvent::Revoked(t) => t.first().cloned(),
+                RebalanceEvent::Assigned(_) => None,
+            })
+            .unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(3), b.recv()).await;
+        drop(b);
+        until_event(
+            &a,
+            &mut sa,
+            |e| matches!(e, RebalanceEvent::Assigned(t) if t.contains(&moved)),
+        )
+        .await;
+
+        let producer: FutureProducer = producer_config(kafka.bootstrap_servers(), &none)
+            .create()
+            .unwrap();
+        producer
+            .send(
+                FutureRecord::to("t")
+                    .partition(moved.1)
+                    .key("k")
+                    .payload("back"),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(15), async {
+            loop {
+                if let Ok(m) = a.recv().await
+                    && m.partition() == moved.1
+                {
+                    return m.offset();
+                }
+            }
+        })
+        .await;
+        assert!(
+            got.is_ok(),
+            "partition {moved:?} came back to its old member still paused: nothing read in 15 s"
+        );
     }
 }
