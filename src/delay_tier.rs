@@ -25,7 +25,6 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use rdkafka::Message;
-use rdkafka::TopicPartitionList;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::FutureProducer;
@@ -33,7 +32,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::tier_name;
 use crate::record::DeliveryRecord;
-use crate::stage::{Outgoing, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked};
+use crate::stage::{
+    Outgoing, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked, set_paused,
+};
 
 /// One delay tier.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,32 +304,23 @@ fn pause_or_resume(
     now: SystemTime,
 ) {
     let all_bytes = parts.values().map(|p| p.bytes).sum();
-    let mut pause = TopicPartitionList::new();
-    let mut resume = TopicPartitionList::new();
+    let mut pause = vec![];
+    let mut resume = vec![];
     for (tp, p) in parts.iter() {
         if only.is_some_and(|o| o != tp) {
             continue;
         }
         match (p.paused, p.wants_pause(all_bytes, now)) {
-            (false, true) => pause.add_partition(&tp.0, tp.1),
-            (true, false) => resume.add_partition(&tp.0, tp.1),
-            _ => continue,
-        };
-    }
-    for (list, paused) in [(pause, true), (resume, false)] {
-        if list.count() == 0 {
-            continue;
+            (false, true) => pause.push(tp.clone()),
+            (true, false) => resume.push(tp.clone()),
+            _ => {}
         }
-        let done = if paused {
-            consumer.pause(&list)
-        } else {
-            consumer.resume(&list)
-        };
-        match done {
+    }
+    for (tps, paused) in [(pause, true), (resume, false)] {
+        match set_paused(consumer, &tps, paused) {
             Ok(()) => {
-                for e in list.elements() {
-                    let tp: Tp = (Arc::from(e.topic()), e.partition());
-                    if let Some(p) = parts.get_mut(&tp) {
+                for tp in &tps {
+                    if let Some(p) = parts.get_mut(tp) {
                         p.paused = paused;
                     }
                 }

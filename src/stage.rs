@@ -92,6 +92,26 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<Tp> {
         .collect()
 }
 
+/// Pauses (`paused`) or resumes `tps` in one call to librdkafka; an empty list asks nothing.
+pub fn set_paused<C: Consumer<StageContext>>(
+    consumer: &C,
+    tps: &[Tp],
+    paused: bool,
+) -> rdkafka::error::KafkaResult<()> {
+    if tps.is_empty() {
+        return Ok(());
+    }
+    let mut tpl = TopicPartitionList::new();
+    for tp in tps {
+        tpl.add_partition(&tp.0, tp.1);
+    }
+    if paused {
+        consumer.pause(&tpl)
+    } else {
+        consumer.resume(&tpl)
+    }
+}
+
 impl ClientContext for StageContext {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         use rdkafka::error::RDKafkaErrorCode;
@@ -271,17 +291,16 @@ impl Settlements {
         // partition, and no stage holds anything of a partition that moved: one paused when it
         // moved away would come back paused with nothing to resume it. Resuming a partition
         // that is not paused does nothing.
-        let mut back = TopicPartitionList::new();
-        for e in &events {
-            if let RebalanceEvent::Assigned(tps) = e {
-                for tp in tps {
-                    back.add_partition(&tp.0, tp.1);
-                }
-            }
-        }
-        if back.count() > 0
-            && let Err(e) = consumer.resume(&back)
-        {
+        let back: Vec<Tp> = events
+            .iter()
+            .filter_map(|e| match e {
+                RebalanceEvent::Assigned(tps) => Some(tps),
+                RebalanceEvent::Revoked(_) => None,
+            })
+            .flatten()
+            .cloned()
+            .collect();
+        if let Err(e) = set_paused(consumer, &back, false) {
             tracing::warn!(stage = self.stage, error = %e, "resuming assigned partitions failed");
         }
         events
@@ -356,21 +375,21 @@ impl Settlements {
 
     /// Pauses partitions that are full and resumes those drained to half.
     pub fn flow_control<C: Consumer<StageContext>>(&mut self, consumer: &C) {
-        let mut pause = TopicPartitionList::new();
-        let mut resume = TopicPartitionList::new();
+        let mut pause = vec![];
+        let mut resume = vec![];
         for (tp, tracker) in &self.trackers {
             if !self.paused.contains(tp) && self.full(tracker) {
-                pause.add_partition(&tp.0, tp.1);
+                pause.push(tp.clone());
             } else if self.paused.contains(tp) && self.drained(tracker) {
-                resume.add_partition(&tp.0, tp.1);
+                resume.push(tp.clone());
             }
         }
-        if pause.count() > 0 && consumer.pause(&pause).is_ok() {
-            self.paused.extend(partitions(&pause));
+        if !pause.is_empty() && set_paused(consumer, &pause, true).is_ok() {
+            self.paused.extend(pause);
         }
-        if resume.count() > 0 && consumer.resume(&resume).is_ok() {
-            for tp in partitions(&resume) {
-                self.paused.remove(&tp);
+        if !resume.is_empty() && set_paused(consumer, &resume, false).is_ok() {
+            for tp in &resume {
+                self.paused.remove(tp);
             }
         }
     }
