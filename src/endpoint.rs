@@ -45,6 +45,13 @@ pub const MAX_SECRET_BYTES: usize = 64;
 pub const GENERATED_SECRET_BYTES: usize = 32;
 /// How long the previous secrets keep signing after a rotation when the request does not say.
 pub const DEFAULT_OLD_SECRET_GRACE: Duration = Duration::from_secs(24 * 3600);
+/// Longest a rotation lets the previous secrets keep signing: long enough for a receiver to
+/// deploy the new secret, short enough that a rotation still retires the old one.
+pub const MAX_OLD_SECRET_GRACE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Smallest accepted rate limit: one request per 1000 s. Lower rates are a disabled endpoint.
+pub const MIN_RATE_PER_S: f64 = 0.001;
+/// Largest accepted rate limit.
+pub const MAX_RATE_PER_S: f64 = 1_000_000.0;
 /// `disabled_reason` when the receiver answered 410 Gone.
 pub const DISABLED_GONE: &str = "gone";
 /// `disabled_reason` when an operator or tenant disabled the endpoint through the API.
@@ -493,17 +500,7 @@ impl Endpoint {
     /// previous ones keep signing until the grace ends, and already-expired ones are dropped.
     /// Returns the new secret's key id.
     pub fn rotate(&mut self, req: RotateSecret, now: SystemTime) -> Result<KeyId, EndpointError> {
-        let old_until = match (req.old_expires_in, req.old_expires_at) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "old_expires_in",
-                    "give old_expires_in or old_expires_at, not both",
-                ));
-            }
-            (Some(d), None) => now + d,
-            (None, Some(t)) => t,
-            (None, None) => now + DEFAULT_OLD_SECRET_GRACE,
-        };
+        let old_until = old_secrets_until(&req, now)?;
         let material = match req.secret.as_deref() {
             Some(s) => SecretMaterial::parse_whsec(s)?,
             None => SecretMaterial::generate(GENERATED_SECRET_BYTES),
@@ -548,6 +545,33 @@ impl Endpoint {
     pub fn touch(&mut self, now: SystemTime) {
         self.version += 1;
         self.updated_at = now.max(self.created_at);
+    }
+}
+
+/// When a rotation's previous secrets stop signing: `old_expires_in` from `now`, or
+/// `old_expires_at`, at most [`MAX_OLD_SECRET_GRACE`] ahead. `"0s"` retires them at once; a time
+/// already past is refused, as it is more likely a typo than a wish to retire them.
+fn old_secrets_until(req: &RotateSecret, now: SystemTime) -> Result<SystemTime, EndpointError> {
+    let max = humantime::format_duration(MAX_OLD_SECRET_GRACE);
+    match (req.old_expires_in, req.old_expires_at) {
+        (Some(_), Some(_)) => Err(invalid(
+            "old_expires_in",
+            "give old_expires_in or old_expires_at, not both",
+        )),
+        (Some(d), None) if d > MAX_OLD_SECRET_GRACE => {
+            Err(invalid("old_expires_in", format!("must be at most {max}")))
+        }
+        (Some(d), None) => Ok(now + d),
+        (None, Some(t)) if t < now => Err(invalid(
+            "old_expires_at",
+            "is in the past; to stop the previous secrets signing now, give old_expires_in \"0s\"",
+        )),
+        (None, Some(t)) if t > now + MAX_OLD_SECRET_GRACE => Err(invalid(
+            "old_expires_at",
+            format!("must be at most {max} from now"),
+        )),
+        (None, Some(t)) => Ok(t),
+        (None, None) => Ok(now + DEFAULT_OLD_SECRET_GRACE),
     }
 }
 
@@ -613,9 +637,9 @@ fn validate_max_in_flight(m: Option<u32>) -> Result<(), EndpointError> {
 
 fn validate_rate_limit(r: Option<f64>) -> Result<(), EndpointError> {
     match r {
-        Some(r) if !(r.is_finite() && r > 0.0) => Err(invalid(
+        Some(r) if !(MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(&r) => Err(invalid(
             "rate_limit_per_s",
-            "must be a finite number greater than zero",
+            format!("must be between {MIN_RATE_PER_S} and {MAX_RATE_PER_S} requests per second"),
         )),
         _ => Ok(()),
     }

@@ -138,6 +138,14 @@ impl EndpointId {
     pub fn generate() -> EndpointId {
         EndpointId(Arc::from(format!("ep_{}", Uuid::now_v7().simple())))
     }
+
+    /// Whether the id has the form [`EndpointId::generate`] gives (`ep_` and 32 lowercase hex
+    /// digits). Ids of endpoints are always generated; other strings never name one.
+    pub fn is_generated(&self) -> bool {
+        self.0.strip_prefix("ep_").is_some_and(|hex| {
+            hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
+    }
 }
 
 impl EventId {
@@ -212,6 +220,15 @@ mod tests {
         let a = EndpointId::generate();
         let b = EndpointId::generate();
         assert!(EndpointId::parse(a.as_str()).is_ok());
+        assert!(a.is_generated() && b.is_generated());
+        for other in [
+            "ep_a",
+            "bad",
+            "ep_0123456789ABCDEF0123456789abcdef",
+            "xep_0123456789abcdef0123456789abcdef",
+        ] {
+            assert!(!EndpointId::parse(other).unwrap().is_generated(), "{other}");
+        }
         assert!(a < b);
         assert!(EventId::generate().as_str().starts_with("msg_"));
     }

@@ -31,12 +31,7 @@ use tokio::time::Instant;
 use crate::breaker::{Admission, Breaker, BreakerConfig, BreakerState, Outcome, Transition};
 use crate::id::EndpointId;
 
-/// Largest accepted `max_in_flight` for one endpoint.
-pub const MAX_IN_FLIGHT_CEILING: u32 = 10_000;
-/// Smallest accepted rate limit: one request per 1000 s. Lower rates are a disabled endpoint.
-pub const MIN_RATE_PER_S: f64 = 0.001;
-/// Largest accepted rate limit.
-pub const MAX_RATE_PER_S: f64 = 1_000_000.0;
+pub use crate::endpoint::{MAX_IN_FLIGHT_CEILING, MAX_RATE_PER_S, MIN_RATE_PER_S};
 /// Factor applied to the concurrency limit on an overload signal.
 const DECREASE_FACTOR: f64 = 0.5;
 

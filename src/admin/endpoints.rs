@@ -10,8 +10,11 @@
 //! name another (403); endpoints of other tenants are 404 to it, as if absent. `GET
 //! /v1/endpoints` lists the token's tenant, or for an operator the `tenant` given, or all.
 //!
-//! The URL is checked for shape only (http(s), host, no credentials); it is not resolved here,
-//! since DNS answers change: the sender checks every resolved address at send time.
+//! The URL is checked for shape (http(s), host, no credentials) and, where the service passes
+//! its [`UrlRules`](super::UrlRules), against what the sender would refuse without DNS: plain
+//! http while it is not allowed, and literal IP hosts in blocked ranges. Host names are not
+//! resolved here, since DNS answers change: the sender checks every resolved address at send
+//! time.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -188,6 +191,7 @@ pub async fn create(
     check_filters(&req.event_types)?;
     let now = SystemTime::now();
     let endpoint = Endpoint::create(req, now)?;
+    check_url(&state, &endpoint.url)?;
     let stored = state.endpoints.put(&endpoint).await?;
     let mut out = EndpointBody::of(&stored, now);
     out.secret = stored
@@ -251,7 +255,9 @@ pub async fn list(
         .cursor
         .map(|c| {
             EndpointId::parse(c)
-                .map_err(|_| ApiError::invalid("cursor", "is not a cursor returned by this API"))
+                .ok()
+                .filter(EndpointId::is_generated)
+                .ok_or_else(|| ApiError::invalid("cursor", "is not a cursor returned by this API"))
         })
         .transpose()?;
     let view = state.endpoints.view();
@@ -288,18 +294,31 @@ pub async fn patch(
     State(state): State<AdminState>,
     caller: Caller,
     id: Result<Path<String>, PathRejection>,
-    ApiJson(req): ApiJson<PatchEndpoint>,
+    ApiJson(req): ApiJson<serde_json::Value>,
 ) -> Result<Json<EndpointBody>, ApiError> {
+    // The endpoint first: an unknown id is 404 whatever the body says.
     let current = visible(&state, &caller, &path(id)?)?;
+    let req: PatchEndpoint = body::from_value(req)?;
     if let Some(types) = &req.event_types {
         check_filters(types)?;
     }
     let now = SystemTime::now();
     let mut next = (*current).clone();
     next.apply_patch(req, now)?;
+    if next.url != current.url {
+        check_url(&state, &next.url)?;
+    }
     let stored = state.endpoints.put(&next).await?;
     tracing::info!(endpoint = %stored.id, version = stored.version, "endpoint changed");
     Ok(Json(EndpointBody::of(&stored, now)))
+}
+
+/// Applies the service's URL rules, when it gave any.
+fn check_url(state: &AdminState, url: &str) -> Result<(), ApiError> {
+    state
+        .url_rules
+        .as_ref()
+        .map_or(Ok(()), |rules| rules.check(url))
 }
 
 /// `DELETE /v1/endpoints/{id}` → 204.

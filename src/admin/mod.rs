@@ -79,7 +79,41 @@ pub struct AdminState {
     pub recent_ids: Arc<RecentIds>,
     /// Largest event payload accepted (`http.max_payload_bytes`).
     pub max_payload_bytes: usize,
+    /// The sender's rules for endpoint URLs, applied at registration where they need no DNS;
+    /// `None` checks the URL's shape only.
+    pub url_rules: Option<Arc<UrlRules>>,
     permits: Arc<Semaphore>,
+}
+
+/// What the sender will refuse about a URL without resolving it: plain `http://` unless the
+/// dangerous switch is on, and a literal IP host in a blocked range. Refusing these when an
+/// endpoint is registered or changed saves every delivery to it a trip to the DLQ. Host names
+/// are still checked only at send time, on every resolved address, since DNS answers change.
+#[derive(Debug, Clone)]
+pub struct UrlRules {
+    /// The SSRF policy (`http.allow_cidrs` allowed on top of the fixed block list).
+    pub policy: crate::ssrf::Policy,
+    /// `http.dangerous_allow_http`.
+    pub allow_http: bool,
+}
+
+impl UrlRules {
+    /// Checks an already normalised endpoint URL; the error names the `url` field.
+    pub fn check(&self, url: &str) -> Result<(), ApiError> {
+        use crate::ssrf::{UrlError, check_scheme};
+        let parsed = url::Url::parse(url)
+            .map_err(|e| ApiError::invalid("url", format!("is not a URL ({e})")))?;
+        check_scheme(&parsed, self.allow_http)
+            .and_then(|()| self.policy.check_url(&parsed))
+            .map_err(|e| {
+                let hint = match e {
+                    UrlError::InsecureScheme => "; use https, or set http.dangerous_allow_http",
+                    UrlError::Blocked(_) => "; http.allow_cidrs can allow a range",
+                    UrlError::Invalid(_) => "",
+                };
+                ApiError::invalid("url", format!("{e}{hint}"))
+            })
+    }
 }
 
 impl std::fmt::Debug for AdminState {
@@ -90,6 +124,7 @@ impl std::fmt::Debug for AdminState {
             .field("kafka_ready", &*self.kafka_ready.borrow())
             .field("recent_ids", &self.recent_ids)
             .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("url_rules", &self.url_rules)
             .finish_non_exhaustive()
     }
 }
@@ -112,6 +147,7 @@ impl AdminState {
             kafka_ready,
             recent_ids: Arc::new(RecentIds::default()),
             max_payload_bytes: crate::input::DEFAULT_MAX_PAYLOAD,
+            url_rules: None,
             permits: Arc::new(Semaphore::new(MAX_CONCURRENT_REQUESTS)),
         }
     }
@@ -119,6 +155,12 @@ impl AdminState {
     /// Sets the payload limit (`http.max_payload_bytes`).
     pub fn with_max_payload_bytes(mut self, bytes: usize) -> AdminState {
         self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Applies the sender's URL rules at registration (see [`UrlRules`]).
+    pub fn with_url_rules(mut self, rules: UrlRules) -> AdminState {
+        self.url_rules = Some(Arc::new(rules));
         self
     }
 

@@ -22,6 +22,7 @@ use crate::endpoint::Endpoint;
 use crate::id::{EndpointId, Tenant};
 use crate::registry::{EndpointView, MemoryEndpointStore, RegistryError};
 use crate::sealed::MasterKey;
+use crate::ssrf::Policy;
 use crate::storage::conformance::attempt_row;
 use crate::storage::memory::MemoryStore;
 use crate::storage::{AttemptOutcome, DeliveryStore};
@@ -336,6 +337,62 @@ async fn endpoint_lifecycle_shows_secrets_only_at_creation_and_rotation() {
         "invalid",
         "old_expires_in",
     );
+    // Expiries out of bounds are refused with the field named, and change nothing: one far
+    // beyond any date a record can hold once took the request down with no answer.
+    let (uri, rotate) = (
+        format!("/v1/endpoints/{id}"),
+        format!("/v1/endpoints/{id}/secrets"),
+    );
+    let before = call(&f.app, Method::GET, &uri, ACME, None).await;
+    for (body, field) in [
+        (
+            r#"{"old_expires_in":"10000years"}"#,
+            "old_expires_in: must be at most 30days",
+        ),
+        (
+            r#"{"old_expires_in":"300000000000years"}"#,
+            "old_expires_in: must be at most",
+        ),
+        (
+            r#"{"old_expires_in":"31days"}"#,
+            "old_expires_in: must be at most",
+        ),
+        (
+            r#"{"old_expires_at":"9999-12-31T23:59:59Z"}"#,
+            "old_expires_at: must be at most",
+        ),
+        (
+            r#"{"old_expires_at":"2001-01-01T00:00:00Z"}"#,
+            "old_expires_at: is in the past",
+        ),
+    ] {
+        let r = call(&f.app, Method::POST, &rotate, ACME, Some(body)).await;
+        assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid", field);
+    }
+    let after = call(&f.app, Method::GET, &uri, ACME, None).await;
+    assert_eq!(
+        before.json, after.json,
+        "a refused rotation changes nothing"
+    );
+    // "0s" retires the previous secrets at once.
+    let now = call(
+        &f.app,
+        Method::POST,
+        &rotate,
+        ACME,
+        Some(r#"{"old_expires_in":"0s"}"#),
+    )
+    .await;
+    assert_eq!(now.status, StatusCode::CREATED, "{}", now.text);
+    assert_eq!(now.json["secrets"].as_array().unwrap().len(), 1);
+
+    // A rate limit outside what the delivery stage applies is refused, not silently clamped.
+    for rate in ["1e-300", "0.0001", "1e300", "0", "-1"] {
+        let body = format!(r#"{{"rate_limit_per_s":{rate}}}"#);
+        let r = call(&f.app, Method::PATCH, &uri, ACME, Some(&body)).await;
+        let detail = "rate_limit_per_s: must be between 0.001 and 1000000";
+        assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid", detail);
+    }
 
     // DELETE, then it is gone.
     let d = call(
@@ -520,12 +577,23 @@ async fn endpoint_validation_names_the_field() {
         "invalid",
         "limit:",
     );
-    assert_error(
-        &call(&f.app, Method::GET, "/v1/endpoints?cursor=a%20b", OP, None).await,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid",
-        "cursor:",
-    );
+    // A cursor is an endpoint id this API gave out; anything else would silently restart (or
+    // end) the listing.
+    for cursor in ["a%20b", "bad", "zzz", "ep_a"] {
+        assert_error(
+            &call(
+                &f.app,
+                Method::GET,
+                &format!("/v1/endpoints?cursor={cursor}"),
+                OP,
+                None,
+            )
+            .await,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            "cursor: is not a cursor returned by this API",
+        );
+    }
     assert_error(
         &call(&f.app, Method::GET, "/v1/endpoints?tenat=acme", OP, None).await,
         StatusCode::BAD_REQUEST,
@@ -1442,4 +1510,99 @@ async fn kafka_sink_gives_up_at_its_timeout_when_no_broker_answers() {
         ApiError::from(err).status(),
         StatusCode::SERVICE_UNAVAILABLE
     );
+}
+
+/// `POST /v1/endpoints` of an endpoint of acme's at `url`, with an operator token.
+async fn register(app: &Router, url: &str) -> Answer {
+    let body = json!({"tenant": "acme", "url": url, "event_types": ["a"]}).to_string();
+    call(app, Method::POST, "/v1/endpoints", OP, Some(&body)).await
+}
+
+#[tokio::test]
+async fn urls_the_sender_would_refuse_are_refused_at_registration() {
+    let f = fixture();
+    let strict = router(f.state.clone().with_url_rules(UrlRules {
+        policy: Policy::new(),
+        allow_http: false,
+    }));
+    let refused = "url: refused by SSRF policy:";
+    for (url, detail) in [
+        (
+            "https://169.254.169.254/latest/meta-data/",
+            "169.254.169.254 is in blocked range",
+        ),
+        ("https://10.0.0.1/x", "10.0.0.1"),
+        ("https://0.0.0.0:19000/", "0.0.0.0"),
+        ("https://[fd00::1]/", "fd00::1"),
+        ("https://[::ffff:127.0.0.1]/", ""),
+    ] {
+        let r = register(&strict, url).await;
+        let want = format!("{refused} {detail}");
+        assert_error(
+            &r,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            want.trim_end(),
+        );
+    }
+    let r = register(&strict, "http://example.com/").await;
+    assert_error(
+        &r,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid",
+        "url: plain http:// is refused",
+    );
+    assert!(
+        f.endpoints.view().all().is_empty(),
+        "nothing refused was stored"
+    );
+    // Host names pass (they are checked on every resolved address at send time).
+    let ok = register(&strict, "https://example.com/h").await;
+    assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.text);
+    // A change of URL is checked the same way, and a refused one changes nothing.
+    let uri = format!("/v1/endpoints/{}", ok.json["id"].as_str().unwrap());
+    let r = call(
+        &strict,
+        Method::PATCH,
+        &uri,
+        OP,
+        Some(r#"{"url":"https://127.0.0.1:9/"}"#),
+    )
+    .await;
+    assert_error(
+        &r,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid",
+        &format!("{refused} 127.0.0.1"),
+    );
+    let g = call(&strict, Method::GET, &uri, OP, None).await;
+    assert_eq!(g.json["url"], "https://example.com/h");
+    // What the operator allowed (as `hookline dev` allows loopback and http) is accepted.
+    let dev = router(f.state.clone().with_url_rules(UrlRules {
+        policy: Policy::with_allowed(["127.0.0.0/8".parse().unwrap()]),
+        allow_http: true,
+    }));
+    let r = register(&dev, "http://127.0.0.1:9/h").await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let r = register(&dev, "http://169.254.169.254/").await;
+    assert_error(
+        &r,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid",
+        "http.allow_cidrs can allow",
+    );
+}
+
+#[tokio::test]
+async fn a_patch_of_an_unknown_endpoint_is_404_whatever_its_body() {
+    let f = fixture();
+    let r = call(
+        &f.app,
+        Method::PATCH,
+        "/v1/endpoints/ep_0123456789abcdef0123456789abcdef",
+        OP,
+        Some(r#"{"bogus":1}"#),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
 }

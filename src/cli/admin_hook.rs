@@ -9,9 +9,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::events::KafkaEventSink;
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminState, UrlRules};
 use crate::config::Config;
 use crate::service::{Handles, ServiceError};
+use crate::ssrf::Policy;
 
 /// How often Kafka reachability is checked for `GET /v1/health/ready`.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
@@ -71,7 +72,11 @@ pub(super) async fn serve(
         config.admin.clone(),
         ready_rx,
     )
-    .with_max_payload_bytes(usize::try_from(config.http.max_payload_bytes).unwrap_or(usize::MAX));
+    .with_max_payload_bytes(usize::try_from(config.http.max_payload_bytes).unwrap_or(usize::MAX))
+    .with_url_rules(UrlRules {
+        policy: Policy::with_allowed(config.http.allow_cidrs.iter().copied()),
+        allow_http: config.http.dangerous_allow_http,
+    });
     let listener = tokio::net::TcpListener::bind(config.admin.listen)
         .await
         .map_err(|e| ServiceError::Admin {
