@@ -47,6 +47,7 @@ use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
+use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::config::AdminConfig;
 use crate::registry::EndpointStore;
@@ -207,7 +208,19 @@ pub fn router(state: AdminState) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), bound))
+        .layer(CatchPanicLayer::custom(panicked))
         .with_state(state)
+}
+
+/// A handler that panicked still answers: 500 `internal`, with the panic in the log (and the
+/// process, the stages in it included, goes on).
+fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned());
+    ApiError::Internal(format!("request handler panicked: {what}")).into_response()
 }
 
 /// Sheds load beyond [`MAX_CONCURRENT_REQUESTS`] and cuts requests at [`REQUEST_DEADLINE`].

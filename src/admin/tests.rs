@@ -1606,3 +1606,32 @@ async fn a_patch_of_an_unknown_endpoint_is_404_whatever_its_body() {
     .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
 }
+
+/// A sink that panics: stands for a bug anywhere under a handler.
+struct PanickingSink;
+
+#[async_trait]
+impl EventSink for PanickingSink {
+    async fn publish(&self, _event: &NativeEvent) -> Result<(), SinkError> {
+        panic!("sink bug");
+    }
+}
+
+#[tokio::test]
+async fn a_handler_that_panics_still_answers_500() {
+    let f = fixture_with(
+        Arc::new(PanickingSink),
+        Arc::new(MemoryEventSink::default()),
+    );
+    let body = r#"{"id":"evt_p","tenant":"acme","type":"a","payload":1}"#;
+    let r = call(&f.app, Method::POST, "/v1/events", OP, Some(body)).await;
+    assert_error(
+        &r,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "server log",
+    );
+    // The API goes on answering.
+    let h = call(&f.app, Method::GET, "/v1/health", OP, None).await;
+    assert_eq!(h.status, StatusCode::OK);
+}
