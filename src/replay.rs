@@ -38,6 +38,34 @@ pub struct ReplayRequest {
     pub dry_run: bool,
 }
 
+impl ReplayRequest {
+    /// Checks what needs no server: a non-negative partition, an offset range, and an actor and
+    /// a reason that are not blank. Callers run it before connecting to anything, so a typo
+    /// fails at once instead of after a store or broker timeout; [`replay`] runs it too.
+    pub fn validate(&self) -> Result<(), ReplayError> {
+        if self.partition < 0 {
+            return Err(ReplayError::BadRequest(format!(
+                "--partition {} is negative; DLQ partitions are numbered from 0",
+                self.partition
+            )));
+        }
+        if self.from_offset < 0 || self.to_offset < self.from_offset {
+            return Err(ReplayError::BadRequest(format!(
+                "--from-offset {} .. --to-offset {} is not a range (from must be >= 0 and <= to)",
+                self.from_offset, self.to_offset
+            )));
+        }
+        for (flag, value) in [("--actor", &self.actor), ("--reason", &self.reason)] {
+            if value.trim().is_empty() {
+                return Err(ReplayError::BadRequest(format!(
+                    "{flag} must not be blank: it is recorded in the audit trail"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Where replay reads and writes.
 #[derive(Debug, Clone)]
 pub struct ReplayTarget {
@@ -137,17 +165,7 @@ pub async fn replay(
     store: &dyn DeliveryStore,
     progress: &mut dyn Progress,
 ) -> Result<ReplaySummary, ReplayError> {
-    if request.from_offset < 0 || request.to_offset < request.from_offset {
-        return Err(ReplayError::BadRequest(format!(
-            "--from-offset {} .. --to-offset {} is not a range (from must be >= 0 and <= to)",
-            request.from_offset, request.to_offset
-        )));
-    }
-    if request.actor.trim().is_empty() || request.reason.trim().is_empty() {
-        return Err(ReplayError::BadRequest(
-            "--actor and --reason must not be empty".into(),
-        ));
-    }
+    request.validate()?;
     let replay_id = new_replay_id();
     let group = format!("hookline-replay-{}", uuid::Uuid::new_v4().simple());
     let consumer: BaseConsumer = client_config(&target.bootstrap, &target.client)
@@ -278,4 +296,85 @@ pub async fn replay(
     tracing::info!(replay_id = %audit.replay_id, actor = %audit.actor, reason = %audit.reason,
         scope = %audit.scope, count = audit.count, dry_run = audit.dry_run, "replay recorded");
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> ReplayRequest {
+        ReplayRequest {
+            partition: 3,
+            from_offset: 10,
+            to_offset: 20,
+            endpoint: None,
+            actor: "oncall".into(),
+            reason: "receiver fixed".into(),
+            dry_run: false,
+        }
+    }
+
+    fn problem(request: ReplayRequest) -> String {
+        request
+            .validate()
+            .expect_err("the request should be refused")
+            .to_string()
+    }
+
+    #[test]
+    fn a_sound_request_passes_including_a_single_offset() {
+        request().validate().unwrap();
+        ReplayRequest {
+            partition: 0,
+            from_offset: 0,
+            to_offset: 0,
+            ..request()
+        }
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn each_local_mistake_is_named() {
+        for (broken, expected) in [
+            (
+                ReplayRequest {
+                    partition: -1,
+                    ..request()
+                },
+                "--partition -1 is negative; DLQ partitions are numbered from 0",
+            ),
+            (
+                ReplayRequest {
+                    from_offset: 5,
+                    to_offset: 1,
+                    ..request()
+                },
+                "--from-offset 5 .. --to-offset 1 is not a range (from must be >= 0 and <= to)",
+            ),
+            (
+                ReplayRequest {
+                    from_offset: -2,
+                    ..request()
+                },
+                "--from-offset -2 .. --to-offset 20 is not a range (from must be >= 0 and <= to)",
+            ),
+            (
+                ReplayRequest {
+                    actor: " \t".into(),
+                    ..request()
+                },
+                "--actor must not be blank: it is recorded in the audit trail",
+            ),
+            (
+                ReplayRequest {
+                    reason: String::new(),
+                    ..request()
+                },
+                "--reason must not be blank: it is recorded in the audit trail",
+            ),
+        ] {
+            assert_eq!(problem(broken), expected);
+        }
+    }
 }
