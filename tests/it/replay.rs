@@ -106,3 +106,34 @@ async fn wrong_arguments_are_named_before_any_server_is_contacted() {
     });
     futures::future::join_all(runs).await;
 }
+
+/// A broker that does not answer is named, with what to check, instead of librdkafka's bare
+/// `AllBrokersDown`.
+#[tokio::test]
+async fn an_unreachable_kafka_is_named() {
+    let out = tokio::process::Command::new(hookline_bin())
+        .arg("replay")
+        .args(replay_args(
+            &["--partition", "0"],
+            "0",
+            "1",
+            "oncall",
+            "fixed",
+        ))
+        .env("HOOKLINE_STORE__KIND", "memory")
+        .env("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", NOWHERE)
+        .env("HOOKLINE_LOG", "off")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run hookline replay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let expected = format!(
+        "error: kafka at {NOWHERE} unreachable (is it running, and is kafka.bootstrap_servers right?)"
+    );
+    assert!(
+        stderr.lines().any(|l| l.starts_with(&expected)),
+        "expected a line starting {expected:?} in:\n{stderr}"
+    );
+}
