@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
@@ -36,6 +37,34 @@ pub struct ReplayRequest {
     pub reason: String,
     /// Count what would be replayed, publish nothing.
     pub dry_run: bool,
+}
+
+impl ReplayRequest {
+    /// Checks what needs no server: a non-negative partition, an offset range, and an actor and
+    /// a reason that are not blank. Callers run it before connecting to anything, so a typo
+    /// fails at once instead of after a store or broker timeout; [`replay`] runs it too.
+    pub fn validate(&self) -> Result<(), ReplayError> {
+        if self.partition < 0 {
+            return Err(ReplayError::BadRequest(format!(
+                "--partition {} is negative; DLQ partitions are numbered from 0",
+                self.partition
+            )));
+        }
+        if self.from_offset < 0 || self.to_offset < self.from_offset {
+            return Err(ReplayError::BadRequest(format!(
+                "--from-offset {} .. --to-offset {} is not a range (from must be >= 0 and <= to)",
+                self.from_offset, self.to_offset
+            )));
+        }
+        for (flag, value) in [("--actor", &self.actor), ("--reason", &self.reason)] {
+            if value.trim().is_empty() {
+                return Err(ReplayError::BadRequest(format!(
+                    "{flag} must not be blank: it is recorded in the audit trail"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Where replay reads and writes.
@@ -72,9 +101,47 @@ pub enum ReplayError {
     /// The request is inconsistent.
     #[error("{0}")]
     BadRequest(String),
-    /// Kafka failed.
-    #[error("kafka: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
+    /// No broker answered.
+    #[error(
+        "kafka at {bootstrap} unreachable (is it running, and is kafka.bootstrap_servers right?): {source}"
+    )]
+    Unreachable {
+        /// The bootstrap servers tried.
+        bootstrap: String,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
+    /// The brokers do not know the DLQ topic.
+    #[error("DLQ topic {topic} does not exist at {bootstrap} (kafka.topics.dlq names it)")]
+    NoDlqTopic {
+        /// The DLQ topic.
+        topic: String,
+        /// The bootstrap servers asked.
+        bootstrap: String,
+    },
+    /// The requested partition is beyond the DLQ topic's partitions.
+    #[error(
+        "DLQ topic {topic} has {partitions} partitions, 0 to {}; --partition {partition} does not exist",
+        .partitions - 1
+    )]
+    NoPartition {
+        /// The DLQ topic.
+        topic: String,
+        /// How many partitions it has (at least 1).
+        partitions: i32,
+        /// The partition asked for.
+        partition: i32,
+    },
+    /// Any other Kafka failure, with what replay was doing.
+    #[error("kafka at {bootstrap}: {action}: {source}")]
+    Kafka {
+        /// The bootstrap servers.
+        bootstrap: String,
+        /// What failed, e.g. "reading hookline.dlq partition 3".
+        action: String,
+        /// librdkafka's error (boxed: it is large, and this is not a hot path).
+        source: Box<KafkaError>,
+    },
     /// The DLQ partition does not hold the requested offsets.
     #[error(
         "dlq partition {partition} holds offsets {low}..{high} (exclusive end); the range {from}..={to} is not in it"
@@ -113,6 +180,76 @@ pub enum ReplayError {
     },
 }
 
+/// How long replay waits for the brokers to answer a metadata or offsets request.
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks the brokers about the DLQ topic: that they answer, that the topic exists, and that it
+/// has `partition`. Without this a wrong partition shows up as librdkafka's bare
+/// `UnknownPartition` and a broker that is down as `AllBrokersDown`, neither naming anything.
+fn check_partition(
+    consumer: &BaseConsumer,
+    target: &ReplayTarget,
+    partition: i32,
+) -> Result<(), ReplayError> {
+    let metadata_error = |source: KafkaError| ReplayError::Kafka {
+        bootstrap: target.bootstrap.clone(),
+        action: format!("reading the metadata of {}", target.dlq),
+        source: Box::new(source),
+    };
+    let metadata =
+        tokio::task::block_in_place(|| consumer.fetch_metadata(Some(&target.dlq), KAFKA_TIMEOUT))
+            .map_err(|source| {
+            if is_unreachable(&source) {
+                ReplayError::Unreachable {
+                    bootstrap: target.bootstrap.clone(),
+                    source,
+                }
+            } else {
+                metadata_error(source)
+            }
+        })?;
+    let missing = || ReplayError::NoDlqTopic {
+        topic: target.dlq.clone(),
+        bootstrap: target.bootstrap.clone(),
+    };
+    let topic = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == target.dlq)
+        .ok_or_else(missing)?;
+    match topic.error().map(RDKafkaErrorCode::from) {
+        None => {}
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Err(missing()),
+        Some(code) => return Err(metadata_error(KafkaError::MetadataFetch(code))),
+    }
+    let partitions = topic.partitions().len();
+    if partitions == 0 {
+        return Err(missing());
+    }
+    let partitions = i32::try_from(partitions).unwrap_or(i32::MAX);
+    if partition >= partitions {
+        return Err(ReplayError::NoPartition {
+            topic: target.dlq.clone(),
+            partitions,
+            partition,
+        });
+    }
+    Ok(())
+}
+
+/// Whether `e` means no broker could be reached (down, wrong address, name not resolving).
+fn is_unreachable(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::Resolve
+        )
+    )
+}
+
 /// Progress reports, one per record read.
 pub trait Progress {
     /// `done` of `total` records read.
@@ -137,27 +274,31 @@ pub async fn replay(
     store: &dyn DeliveryStore,
     progress: &mut dyn Progress,
 ) -> Result<ReplaySummary, ReplayError> {
-    if request.from_offset < 0 || request.to_offset < request.from_offset {
-        return Err(ReplayError::BadRequest(format!(
-            "--from-offset {} .. --to-offset {} is not a range (from must be >= 0 and <= to)",
-            request.from_offset, request.to_offset
-        )));
-    }
-    if request.actor.trim().is_empty() || request.reason.trim().is_empty() {
-        return Err(ReplayError::BadRequest(
-            "--actor and --reason must not be empty".into(),
-        ));
-    }
+    request.validate()?;
     let replay_id = new_replay_id();
     let group = format!("hookline-replay-{}", uuid::Uuid::new_v4().simple());
+    let kafka = |action: String| {
+        let bootstrap = target.bootstrap.clone();
+        move |source| ReplayError::Kafka {
+            bootstrap,
+            action,
+            source: Box::new(source),
+        }
+    };
     let consumer: BaseConsumer = client_config(&target.bootstrap, &target.client)
         .set("group.id", &group)
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
-        .create()?;
+        .create()
+        .map_err(kafka("creating the DLQ consumer".into()))?;
+    check_partition(&consumer, target, request.partition)?;
     let (low, high) = tokio::task::block_in_place(|| {
-        consumer.fetch_watermarks(&target.dlq, request.partition, Duration::from_secs(10))
-    })?;
+        consumer.fetch_watermarks(&target.dlq, request.partition, KAFKA_TIMEOUT)
+    })
+    .map_err(kafka(format!(
+        "reading the offsets of {} partition {}",
+        target.dlq, request.partition
+    )))?;
     if request.from_offset < low || request.from_offset >= high {
         return Err(ReplayError::OutOfRange {
             partition: request.partition,
@@ -170,13 +311,17 @@ pub async fn replay(
     let last = request.to_offset.min(high - 1);
     let total = u64::try_from(last - request.from_offset + 1).unwrap_or(0);
     let mut tpl = TopicPartitionList::new();
+    let reading = format!("reading {} partition {}", target.dlq, request.partition);
     tpl.add_partition_offset(
         &target.dlq,
         request.partition,
         Offset::Offset(request.from_offset),
-    )?;
-    consumer.assign(&tpl)?;
-    let producer: FutureProducer = producer_config(&target.bootstrap, &target.client).create()?;
+    )
+    .and_then(|()| consumer.assign(&tpl))
+    .map_err(kafka(reading.clone()))?;
+    let producer: FutureProducer = producer_config(&target.bootstrap, &target.client)
+        .create()
+        .map_err(kafka("creating the producer".into()))?;
     let deliveries: Arc<str> = Arc::from(target.deliveries.as_str());
     let never = CancellationToken::new();
     let publish_deadline = Duration::from_secs(60);
@@ -202,8 +347,8 @@ pub async fn replay(
         idle_polls = 0;
         let msg = match polled {
             Ok(m) => m,
-            Err(rdkafka::error::KafkaError::PartitionEOF(_)) => break,
-            Err(e) => return Err(e.into()),
+            Err(KafkaError::PartitionEOF(_)) => break,
+            Err(e) => return Err(kafka(reading)(e)),
         };
         next = msg.offset() + 1;
         if msg.offset() > last {
@@ -278,4 +423,85 @@ pub async fn replay(
     tracing::info!(replay_id = %audit.replay_id, actor = %audit.actor, reason = %audit.reason,
         scope = %audit.scope, count = audit.count, dry_run = audit.dry_run, "replay recorded");
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> ReplayRequest {
+        ReplayRequest {
+            partition: 3,
+            from_offset: 10,
+            to_offset: 20,
+            endpoint: None,
+            actor: "oncall".into(),
+            reason: "receiver fixed".into(),
+            dry_run: false,
+        }
+    }
+
+    fn problem(request: ReplayRequest) -> String {
+        request
+            .validate()
+            .expect_err("the request should be refused")
+            .to_string()
+    }
+
+    #[test]
+    fn a_sound_request_passes_including_a_single_offset() {
+        request().validate().unwrap();
+        ReplayRequest {
+            partition: 0,
+            from_offset: 0,
+            to_offset: 0,
+            ..request()
+        }
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn each_local_mistake_is_named() {
+        for (broken, expected) in [
+            (
+                ReplayRequest {
+                    partition: -1,
+                    ..request()
+                },
+                "--partition -1 is negative; DLQ partitions are numbered from 0",
+            ),
+            (
+                ReplayRequest {
+                    from_offset: 5,
+                    to_offset: 1,
+                    ..request()
+                },
+                "--from-offset 5 .. --to-offset 1 is not a range (from must be >= 0 and <= to)",
+            ),
+            (
+                ReplayRequest {
+                    from_offset: -2,
+                    ..request()
+                },
+                "--from-offset -2 .. --to-offset 20 is not a range (from must be >= 0 and <= to)",
+            ),
+            (
+                ReplayRequest {
+                    actor: " \t".into(),
+                    ..request()
+                },
+                "--actor must not be blank: it is recorded in the audit trail",
+            ),
+            (
+                ReplayRequest {
+                    reason: String::new(),
+                    ..request()
+                },
+                "--reason must not be blank: it is recorded in the audit trail",
+            ),
+        ] {
+            assert_eq!(problem(broken), expected);
+        }
+    }
 }

@@ -14,14 +14,17 @@ use crate::service;
 /// `hookline replay`.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// DLQ partition to read.
-    #[arg(long)]
+    /// DLQ partition to read (0 or more).
+    // Negative numbers are parsed (not taken for flags) so the range check can name them.
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<i32>)]
     pub partition: i32,
-    /// First DLQ offset to replay (inclusive).
-    #[arg(long, value_name = "A")]
+    /// First DLQ offset to replay (inclusive, 0 or more).
+    #[arg(long, value_name = "A", allow_negative_numbers = true,
+          value_parser = non_negative::<i64>)]
     pub from_offset: i64,
-    /// Last DLQ offset to replay (inclusive).
-    #[arg(long, value_name = "B")]
+    /// Last DLQ offset to replay (inclusive, at least --from-offset).
+    #[arg(long, value_name = "B", allow_negative_numbers = true,
+          value_parser = non_negative::<i64>)]
     pub to_offset: i64,
     /// Only replay records for this endpoint.
     #[arg(long, value_name = "ID")]
@@ -42,22 +45,15 @@ pub struct ReplayArgs {
 
 pub(super) fn run(args: &ReplayArgs) -> ExitCode {
     super::serve::init_tracing();
+    // Mistakes in the arguments fail here, before the store or Kafka is contacted: either may
+    // take its whole start-up wait to answer, and its error would hide the real problem.
+    let request = match request(args) {
+        Ok(r) => r,
+        Err(e) => return super::serve::fail(e),
+    };
     let config = match Config::load(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => return super::serve::fail(e),
-    };
-    let endpoint = match args.endpoint.as_deref().map(EndpointId::parse).transpose() {
-        Ok(e) => e,
-        Err(e) => return super::serve::fail(format!("--endpoint: {e}")),
-    };
-    let request = ReplayRequest {
-        partition: args.partition,
-        from_offset: args.from_offset,
-        to_offset: args.to_offset,
-        endpoint,
-        actor: args.actor.clone(),
-        reason: args.reason.clone(),
-        dry_run: args.dry_run,
     };
     let target = ReplayTarget {
         bootstrap: config.kafka.bootstrap_servers.clone(),
@@ -113,4 +109,38 @@ pub(super) fn run(args: &ReplayArgs) -> ExitCode {
         }
         Err(e) => super::serve::fail(e),
     }
+}
+
+/// Parses a partition or an offset: a whole number, 0 or more.
+fn non_negative<T>(value: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + Default + PartialOrd,
+    T::Err: std::fmt::Display,
+{
+    let n: T = value.parse().map_err(|e| format!("{e}"))?;
+    if n < T::default() {
+        return Err("must be 0 or more (DLQ partitions and offsets are numbered from 0)".into());
+    }
+    Ok(n)
+}
+
+/// The request the arguments describe, checked as far as that is possible without a server.
+fn request(args: &ReplayArgs) -> Result<ReplayRequest, String> {
+    let endpoint = args
+        .endpoint
+        .as_deref()
+        .map(EndpointId::parse)
+        .transpose()
+        .map_err(|e| format!("--endpoint: {e}"))?;
+    let request = ReplayRequest {
+        partition: args.partition,
+        from_offset: args.from_offset,
+        to_offset: args.to_offset,
+        endpoint,
+        actor: args.actor.clone(),
+        reason: args.reason.clone(),
+        dry_run: args.dry_run,
+    };
+    request.validate().map_err(|e| e.to_string())?;
+    Ok(request)
 }

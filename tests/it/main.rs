@@ -5,6 +5,8 @@ mod cql_store;
 mod dev;
 mod helm;
 mod pipeline;
+mod readme;
+mod replay;
 mod send;
 mod services;
 mod signing;

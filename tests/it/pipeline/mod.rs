@@ -513,20 +513,46 @@ async fn a_dlq_range_replays_with_the_replay_header(on: On) {
             .iter()
             .any(|a| a.replay_id == dry.replay_id && a.dry_run)
     );
+    let store = p.handles.store.as_ref();
+    let refusal = move |target: hookline::replay::ReplayTarget, request| async move {
+        hookline::replay::replay(&target, &request, store, &mut |_, _| {})
+            .await
+            .expect_err("the replay should be refused")
+            .to_string()
+    };
     let out_of_range = hookline::replay::ReplayRequest {
         from_offset: offset + 100,
         to_offset: offset + 200,
-        ..request
+        ..request.clone()
     };
     assert!(
-        hookline::replay::replay(
-            &target,
-            &out_of_range,
-            p.handles.store.as_ref(),
-            &mut |_, _| {}
+        refusal(target.clone(), out_of_range)
+            .await
+            .starts_with(&format!("dlq partition {partition} holds offsets")),
+    );
+    let partitions = p.config.kafka.partitions;
+    let beyond = hookline::replay::ReplayRequest {
+        partition: i32::try_from(partitions).unwrap(),
+        ..request.clone()
+    };
+    assert_eq!(
+        refusal(target.clone(), beyond).await,
+        format!(
+            "DLQ topic {} has {partitions} partitions, 0 to {}; --partition {partitions} does not exist",
+            target.dlq,
+            partitions - 1
         )
-        .await
-        .is_err()
+    );
+    let elsewhere = hookline::replay::ReplayTarget {
+        dlq: format!("{}.missing", target.dlq),
+        ..target.clone()
+    };
+    assert_eq!(
+        refusal(elsewhere.clone(), request).await,
+        format!(
+            "DLQ topic {} does not exist at {} (kafka.topics.dlq names it)",
+            elsewhere.dlq, target.bootstrap
+        )
     );
     p.stop().await;
 }

@@ -1,0 +1,139 @@
+//! `hookline replay` on the command line: arguments that are wrong fail at once, naming the
+//! flag, before the store or Kafka is contacted. (Replaying itself is tested in `pipeline`.)
+
+use std::process::Output;
+use std::time::Duration;
+
+use crate::support::hookline_bin;
+
+/// Nothing listens here: a connection attempt would wait for its timeout (60 s for the store).
+const NOWHERE: &str = "127.0.0.1:1";
+
+/// Far below the store's 60 s start-up wait, and generous for a process that only parses.
+const LOCAL_CHECK_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Runs `hookline replay` with `args` against a CQL store and a Kafka that are both unreachable.
+async fn replay_without_servers(args: &[&str]) -> Output {
+    let mut command = tokio::process::Command::new(hookline_bin());
+    command
+        .arg("replay")
+        .args(args)
+        .env("HOOKLINE_STORE__KIND", "scylla")
+        .env("HOOKLINE_STORE__SCYLLA__NODES", format!(r#"["{NOWHERE}"]"#))
+        .env("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", NOWHERE)
+        .env("HOOKLINE_LOG", "warn")
+        .kill_on_drop(true);
+    tokio::time::timeout(LOCAL_CHECK_DEADLINE, command.output())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("hookline replay {args:?} was still running after {LOCAL_CHECK_DEADLINE:?}: it waited for a server instead of refusing its arguments")
+        })
+        .expect("run hookline replay")
+}
+
+/// The arguments of a replay, each value as given; `partition` is the whole flag so that both
+/// `--partition=-1` and `--partition -1` can be tried.
+fn replay_args<'a>(
+    partition: &[&'a str],
+    from: &'a str,
+    to: &'a str,
+    actor: &'a str,
+    reason: &'a str,
+) -> Vec<&'a str> {
+    let mut args = partition.to_vec();
+    args.extend([
+        "--from-offset",
+        from,
+        "--to-offset",
+        to,
+        "--actor",
+        actor,
+        "--reason",
+        reason,
+    ]);
+    args
+}
+
+#[tokio::test]
+async fn wrong_arguments_are_named_before_any_server_is_contacted() {
+    let p0: &[&str] = &["--partition", "0"];
+    let cases = [
+        (
+            replay_args(p0, "5", "1", "oncall", "fixed"),
+            "error: --from-offset 5 .. --to-offset 1 is not a range (from must be >= 0 and <= to)",
+        ),
+        (
+            replay_args(p0, "0", "1", " ", "fixed"),
+            "error: --actor must not be blank",
+        ),
+        (
+            replay_args(p0, "0", "1", "oncall", "\t"),
+            "error: --reason must not be blank",
+        ),
+        (
+            replay_args(&["--partition=-1"], "0", "1", "oncall", "fixed"),
+            "invalid value '-1' for '--partition <PARTITION>': must be 0 or more",
+        ),
+        (
+            replay_args(&["--partition", "-1"], "0", "1", "oncall", "fixed"),
+            "invalid value '-1' for '--partition <PARTITION>': must be 0 or more",
+        ),
+        (
+            replay_args(p0, "-3", "1", "oncall", "fixed"),
+            "invalid value '-3' for '--from-offset <A>': must be 0 or more",
+        ),
+        (
+            [
+                replay_args(p0, "0", "1", "oncall", "fixed"),
+                vec!["--endpoint", "ep one"],
+            ]
+            .concat(),
+            "error: --endpoint: endpoint id may contain only printable ASCII without spaces",
+        ),
+    ];
+    let runs = cases.iter().map(|(args, expected)| async move {
+        let out = replay_without_servers(args).await;
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{args:?} succeeded: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: expected {expected:?} in:\n{stderr}"
+        );
+        assert!(
+            !stderr.contains("CQL") && !stderr.contains("kafka"),
+            "{args:?} reached a server: {stderr}"
+        );
+    });
+    futures::future::join_all(runs).await;
+}
+
+/// A broker that does not answer is named, with what to check, instead of librdkafka's bare
+/// `AllBrokersDown`.
+#[tokio::test]
+async fn an_unreachable_kafka_is_named() {
+    let out = tokio::process::Command::new(hookline_bin())
+        .arg("replay")
+        .args(replay_args(
+            &["--partition", "0"],
+            "0",
+            "1",
+            "oncall",
+            "fixed",
+        ))
+        .env("HOOKLINE_STORE__KIND", "memory")
+        .env("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", NOWHERE)
+        .env("HOOKLINE_LOG", "off")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run hookline replay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let expected = format!(
+        "error: kafka at {NOWHERE} unreachable (is it running, and is kafka.bootstrap_servers right?)"
+    );
+    assert!(
+        stderr.lines().any(|l| l.starts_with(&expected)),
+        "expected a line starting {expected:?} in:\n{stderr}"
+    );
+}
