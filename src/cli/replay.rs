@@ -129,9 +129,15 @@ fn request(args: &ReplayArgs) -> Result<ReplayRequest, String> {
     let endpoint = args
         .endpoint
         .as_deref()
-        .map(EndpointId::parse)
-        .transpose()
-        .map_err(|e| format!("--endpoint: {e}"))?;
+        .map(|raw| match EndpointId::parse(raw) {
+            Ok(id) if id.is_generated() => Ok(id),
+            // It would match no record, and the replay would quietly do nothing.
+            Ok(_) => Err(format!(
+                "--endpoint: {raw} is not an endpoint id (ep_ and 32 hex digits, as the admin API gives them)"
+            )),
+            Err(e) => Err(format!("--endpoint: {e}")),
+        })
+        .transpose()?;
     let request = ReplayRequest {
         partition: args.partition,
         from_offset: args.from_offset,

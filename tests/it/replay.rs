@@ -90,6 +90,14 @@ async fn wrong_arguments_are_named_before_any_server_is_contacted() {
             .concat(),
             "error: --endpoint: endpoint id may contain only printable ASCII without spaces",
         ),
+        (
+            [
+                replay_args(p0, "0", "1", "oncall", "fixed"),
+                vec!["--endpoint", "ep_1234"],
+            ]
+            .concat(),
+            "error: --endpoint: ep_1234 is not an endpoint id (ep_ and 32 hex digits",
+        ),
     ];
     let runs = cases.iter().map(|(args, expected)| async move {
         let out = replay_without_servers(args).await;
