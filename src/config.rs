@@ -55,6 +55,8 @@ pub const MAX_TIERS: usize = 32;
 pub const MAX_PAYLOAD_CEILING: u64 = 1_000_000;
 /// Shortest admin token accepted: shorter ones are guessable.
 pub const MIN_TOKEN_LEN: usize = 16;
+/// Longest admin token accepted.
+pub const MAX_TOKEN_LEN: usize = 1024;
 /// Longest Kafka topic name.
 const MAX_TOPIC_LEN: usize = 249;
 
@@ -428,6 +430,22 @@ impl<'de> Deserialize<'de> for Token {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         String::deserialize(d).map(Token::new)
     }
+}
+
+/// Why `token` cannot be an admin token, said without the token (`must be 16 to 1024
+/// characters (got 5)`), or `None` when it can. Config tokens and `hookline dev --admin-token`
+/// pass the same check.
+pub fn token_problem(token: &str) -> Option<String> {
+    let n = token.chars().count();
+    if !(MIN_TOKEN_LEN..=MAX_TOKEN_LEN).contains(&n) {
+        return Some(format!(
+            "must be {MIN_TOKEN_LEN} to {MAX_TOKEN_LEN} characters (got {n})"
+        ));
+    }
+    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Some("must not contain spaces or control characters".into());
+    }
+    None
 }
 
 /// Who a bearer token belongs to.
@@ -925,21 +943,8 @@ impl Config {
         let a = &self.admin;
         let mut seen = BTreeSet::new();
         let check = |key: String, t: &Token, seen: &mut BTreeSet<Token>| {
-            let n = t.expose().chars().count();
-            if !(MIN_TOKEN_LEN..=1024).contains(&n) {
-                return Err(invalid(
-                    key,
-                    format!("must be {MIN_TOKEN_LEN} to 1024 characters (got {n})"),
-                ));
-            }
-            if t.expose()
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control())
-            {
-                return Err(invalid(
-                    key,
-                    "must not contain spaces or control characters",
-                ));
+            if let Some(why) = token_problem(t.expose()) {
+                return Err(invalid(key, why));
             }
             if !seen.insert(t.clone()) {
                 return Err(invalid(key, "repeats another admin token"));

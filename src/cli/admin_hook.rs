@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::producer::{BaseProducer, Producer};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -54,8 +55,21 @@ fn probe_kafka(
     Ok(())
 }
 
+/// Binds the admin API's address. Done before Kafka and the stages start, so an address in use
+/// is the first and only thing said.
+pub(super) async fn bind(config: &Config) -> Result<TcpListener, ServiceError> {
+    TcpListener::bind(config.admin.listen)
+        .await
+        .map_err(|e| ServiceError::Admin {
+            addr: config.admin.listen,
+            detail: e.to_string(),
+        })
+}
+
+/// Serves the admin API on `listener` (from [`bind`]) until `shutdown`.
 pub(super) async fn serve(
     config: &Config,
+    listener: TcpListener,
     handles: &Handles,
     shutdown: &CancellationToken,
     tasks: &TaskTracker,
@@ -72,12 +86,6 @@ pub(super) async fn serve(
         ready_rx,
     )
     .with_max_payload_bytes(usize::try_from(config.http.max_payload_bytes).unwrap_or(usize::MAX));
-    let listener = tokio::net::TcpListener::bind(config.admin.listen)
-        .await
-        .map_err(|e| ServiceError::Admin {
-            addr: config.admin.listen,
-            detail: e.to_string(),
-        })?;
     let shutdown = shutdown.clone();
     tasks.spawn(async move {
         if let Err(e) = admin::serve(listener, state, shutdown).await {
