@@ -18,7 +18,10 @@
 //! [`Config::validate`] runs at load and every error names the key and says why, e.g.
 //! `retry.tiers[2] = "0s" must be greater than zero`, `unknown key kafka.bootstrap_server (did you
 //! mean bootstrap_servers?)`, `admin.listen = "x" is not an address`. Keys set from the
-//! environment say which variable set them.
+//! environment say which variable set them. Errors about a secret-bearing key (admin tokens,
+//! whose tenant-token names are the tokens, `security.master_key`, secret `kafka.client`
+//! properties) are rebuilt in one place, `de_error`, to say the kind of value given and never
+//! the value.
 //!
 //! `schemas/hookline.example.toml` lists every key with its default.
 
@@ -52,6 +55,8 @@ pub const MAX_TIERS: usize = 32;
 pub const MAX_PAYLOAD_CEILING: u64 = 1_000_000;
 /// Shortest admin token accepted: shorter ones are guessable.
 pub const MIN_TOKEN_LEN: usize = 16;
+/// Longest admin token accepted.
+pub const MAX_TOKEN_LEN: usize = 1024;
 /// Longest Kafka topic name.
 const MAX_TOPIC_LEN: usize = 249;
 
@@ -141,8 +146,8 @@ pub struct Config {
     pub store: StoreConfig,
 }
 
-/// `[kafka]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// `[kafka]`. `Debug` shows secret `client` properties as `<redacted>`.
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaConfig {
     /// `bootstrap.servers` for every client.
@@ -178,6 +183,33 @@ impl Default for KafkaConfig {
             input_pattern: Some(r"^outbox\.event\..*".into()),
             group_prefix: "hookline".into(),
         }
+    }
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let client: BTreeMap<&str, &str> = self
+            .client
+            .iter()
+            .map(|(k, v)| {
+                let shown = if is_secret_client_property(k) {
+                    "<redacted>"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("client", &client)
+            .field("partitions", &self.partitions)
+            .field("events_partitions", &self.events_partitions)
+            .field("topics", &self.topics)
+            .field("input_topics", &self.input_topics)
+            .field("input_pattern", &self.input_pattern)
+            .field("group_prefix", &self.group_prefix)
+            .finish()
     }
 }
 
@@ -400,6 +432,22 @@ impl<'de> Deserialize<'de> for Token {
     }
 }
 
+/// Why `token` cannot be an admin token, said without the token (`must be 16 to 1024
+/// characters (got 5)`), or `None` when it can. Config tokens and `hookline dev --admin-token`
+/// pass the same check.
+pub fn token_problem(token: &str) -> Option<String> {
+    let n = token.chars().count();
+    if !(MIN_TOKEN_LEN..=MAX_TOKEN_LEN).contains(&n) {
+        return Some(format!(
+            "must be {MIN_TOKEN_LEN} to {MAX_TOKEN_LEN} characters (got {n})"
+        ));
+    }
+    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Some("must not contain spaces or control characters".into());
+    }
+    None
+}
+
 /// Who a bearer token belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Principal {
@@ -556,9 +604,12 @@ impl Config {
             from_env
                 .iter()
                 .find(|(k, _)| {
+                    // The variable set this key, a key inside it, or the section around it
+                    // (`HOOKLINE_KAFKA__PARTITIONS__X` makes `kafka.partitions` a table).
                     key == k
                         || key.starts_with(&format!("{k}."))
                         || key.starts_with(&format!("{k}["))
+                        || k.starts_with(&format!("{key}."))
                 })
                 .map(|(_, var)| var.clone())
                 .or_else(|| {
@@ -892,21 +943,8 @@ impl Config {
         let a = &self.admin;
         let mut seen = BTreeSet::new();
         let check = |key: String, t: &Token, seen: &mut BTreeSet<Token>| {
-            let n = t.expose().chars().count();
-            if !(MIN_TOKEN_LEN..=1024).contains(&n) {
-                return Err(invalid(
-                    key,
-                    format!("must be {MIN_TOKEN_LEN} to 1024 characters (got {n})"),
-                ));
-            }
-            if t.expose()
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control())
-            {
-                return Err(invalid(
-                    key,
-                    "must not contain spaces or control characters",
-                ));
+            if let Some(why) = token_problem(t.expose()) {
+                return Err(invalid(key, why));
             }
             if !seen.insert(t.clone()) {
                 return Err(invalid(key, "repeats another admin token"));
@@ -1023,12 +1061,28 @@ fn overlay_env(
         return Err(env_err("has an empty key segment".into()));
     }
     let is_client = path.len() >= 3 && path[0] == "kafka" && path[1] == "client";
+    if !is_client && path.len() > 2 && path[..2] == ["admin", "tenant_tokens"] {
+        // The rest of the name would be a token: never repeat it.
+        return Err(ConfigError::Env {
+            var: format!("{ENV_PREFIX}ADMIN{ENV_SEPARATOR}TENANT_TOKENS{ENV_SEPARATOR}..."),
+            reason: "a token cannot be part of a variable's name; set the whole table, \
+                     HOOKLINE_ADMIN__TENANT_TOKENS='{ \"<token>\" = \"<tenant>\" }'"
+                .into(),
+        });
+    }
     let value = if is_client {
         let prop = path.split_off(2).join(".").replace('_', ".");
         path.push(prop);
         toml::Value::String(raw.to_owned())
     } else {
-        env_value(raw).map_err(env_err)?
+        let secret = secret_path(&path.join("."));
+        env_value(raw).map_err(|reason| match secret {
+            Some(s) => env_err(format!(
+                "value for {} is not valid TOML (not shown: it is a secret)",
+                s.shown
+            )),
+            None => env_err(reason),
+        })?
     };
     let key = path.join(".");
     let (last, parents) = path.split_last().expect("non-empty path");
@@ -1094,6 +1148,106 @@ fn line_col(text: &str, offset: usize) -> String {
     format!("line {line}, column {col}")
 }
 
+/// How errors tell of a key that holds a secret without showing it.
+struct SecretPath {
+    /// The key as errors name it; never the secret itself (a tenant token is a table key).
+    shown: String,
+    /// What belongs there, for errors about the shape of what was given.
+    expected: &'static str,
+    /// The error is about a value beside the secret (a tenant token's tenant), which may be
+    /// told.
+    beside: bool,
+}
+
+impl SecretPath {
+    /// `message` with anything that could quote the secret replaced by what was expected and
+    /// the kind of value given.
+    fn untold(&self, message: String) -> String {
+        if self.beside {
+            return message;
+        }
+        match unexpected_kind(&message) {
+            Some(kind) => format!(
+                "expected {}, got {kind} (value not shown: it is a secret)",
+                self.expected
+            ),
+            None if message.contains(['"', '\'', '`']) => {
+                format!(
+                    "expected {} (value not shown: it is a secret)",
+                    self.expected
+                )
+            }
+            None => message,
+        }
+    }
+}
+
+/// Whether an rdkafka property carries a secret (`sasl.password`, `ssl.key.password`,
+/// `ssl.key.pem`, `sasl.oauthbearer.client.secret`, ...); its value is never shown.
+pub fn is_secret_client_property(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    [
+        "password",
+        "secret",
+        "passphrase",
+        "key.pem",
+        "private.key",
+        "jaas.config",
+    ]
+    .iter()
+    .any(|s| n.contains(s))
+        || n == "sasl.oauthbearer.config"
+}
+
+/// The secret-bearing key at `key` (a full path such as `admin.operator_tokens[2]`), if any:
+/// admin tokens (the names of `admin.tenant_tokens` are tokens), `security.master_key`, and
+/// secret rdkafka properties under `kafka.client`.
+fn secret_path(key: &str) -> Option<SecretPath> {
+    let secret = |expected| {
+        Some(SecretPath {
+            shown: key.to_owned(),
+            expected,
+            beside: false,
+        })
+    };
+    match key {
+        "admin.operator_tokens" => secret("a list of tokens"),
+        "admin.tenant_tokens" => secret("a table of token = tenant"),
+        "security.master_key" => secret("base64 of 32 bytes"),
+        _ if key.starts_with("admin.operator_tokens[") => secret("a token"),
+        _ if key.starts_with("admin.tenant_tokens.") => Some(SecretPath {
+            shown: "admin.tenant_tokens (a token)".into(),
+            expected: "a tenant",
+            beside: true,
+        }),
+        _ => match key.strip_prefix("kafka.client.") {
+            Some(prop) if is_secret_client_property(prop) => secret("a string"),
+            _ => None,
+        },
+    }
+}
+
+/// The kind of value serde reports in `invalid type: string "...", expected ...` (`a string`),
+/// without the value.
+fn unexpected_kind(message: &str) -> Option<String> {
+    let rest = ["invalid type: ", "invalid value: "]
+        .iter()
+        .find_map(|p| message.strip_prefix(p))?;
+    let kind = rest.split(['"', '\'', '`', ',']).next()?.trim();
+    let kind = match kind {
+        "" => return None,
+        "sequence" => "list",
+        "map" => "table",
+        k => k,
+    };
+    let article = if kind.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    };
+    Some(format!("{article} {kind}"))
+}
+
 /// Turns a deserialisation error at `key` into a [`ConfigError`], recognising unknown keys.
 fn de_error(key: String, message: String, origin: Option<String>) -> ConfigError {
     // toml appends "\nin `section`" context that the key path already carries.
@@ -1103,6 +1257,13 @@ fn de_error(key: String, message: String, origin: Option<String>) -> ConfigError
         .unwrap_or("")
         .trim()
         .to_owned();
+    let (key, message) = match secret_path(&key) {
+        Some(secret) => {
+            let message = secret.untold(message);
+            (secret.shown, message)
+        }
+        None => (key, message),
+    };
     if let Some(rest) = message.strip_prefix("unknown field `") {
         let field = rest.split('`').next().unwrap_or("");
         let expected: Vec<&str> = rest
@@ -1658,6 +1819,130 @@ mod tests {
         assert_eq!(
             err("[admin]\nlisten = \"127.0.0.1:9464\"", &[]),
             "metrics.listen = \"127.0.0.1:9464\" is the same address as admin.listen"
+        );
+    }
+
+    #[test]
+    fn secrets_never_appear_in_config_errors() {
+        const OP: &str = "supersecret_operator_token_123";
+        const TEN: &str = "supersecret_tenant_token_456";
+        const KEY: &str = "c2VjcmV0LWtleS1tYXRlcmlhbA";
+        let file_cases: &[(&str, &str)] = &[
+            (
+                "[admin.tenant_tokens]\n\"supersecret_tenant_token_456\" = \"\"",
+                "admin.tenant_tokens (a token) is wrong: tenant must not be empty (set by test.toml)",
+            ),
+            (
+                "[admin.tenant_tokens]\n\"supersecret_tenant_token_456\" = 5",
+                "admin.tenant_tokens (a token) is wrong: invalid type: integer `5`",
+            ),
+            (
+                "[admin]\noperator_tokens = \"supersecret_operator_token_123\"",
+                "admin.operator_tokens is wrong: expected a list of tokens, got a string (value not \
+                 shown: it is a secret) (set by test.toml)",
+            ),
+            (
+                "[admin]\noperator_tokens = [\"supersecret_operator_token_123\", 5]",
+                "admin.operator_tokens[1] is wrong: expected a token, got an integer",
+            ),
+            (
+                "[admin]\ntenant_tokens = \"supersecret_tenant_token_456\"",
+                "admin.tenant_tokens is wrong: expected a table of token = tenant, got a string",
+            ),
+            (
+                "[security]\nmaster_key = [\"c2VjcmV0LWtleS1tYXRlcmlhbA\"]",
+                "security.master_key is wrong: expected base64 of 32 bytes, got a list",
+            ),
+            (
+                "[kafka.client]\n\"sasl.password\" = [\"supersecret_operator_token_123\"]",
+                "kafka.client",
+            ),
+        ];
+        let env_cases: &[(&str, &str, &str)] = &[
+            (
+                "HOOKLINE_ADMIN__TENANT_TOKENS",
+                "{ \"supersecret_tenant_token_456\" = \"\" }",
+                "admin.tenant_tokens (a token) is wrong: tenant must not be empty (set by \
+                 HOOKLINE_ADMIN__TENANT_TOKENS)",
+            ),
+            (
+                "HOOKLINE_ADMIN__TENANT_TOKENS",
+                "{ \"supersecret_tenant_token_456\" = 5 }",
+                "admin.tenant_tokens (a token) is wrong",
+            ),
+            (
+                "HOOKLINE_ADMIN__OPERATOR_TOKENS",
+                OP,
+                "admin.operator_tokens is wrong: expected a list of tokens, got a string (value not \
+                 shown: it is a secret) (set by HOOKLINE_ADMIN__OPERATOR_TOKENS)",
+            ),
+            (
+                "HOOKLINE_ADMIN__TENANT_TOKENS",
+                TEN,
+                "admin.tenant_tokens is wrong: expected a table of token = tenant, got a string \
+                 (value not shown: it is a secret) (set by HOOKLINE_ADMIN__TENANT_TOKENS)",
+            ),
+            (
+                "HOOKLINE_ADMIN__OPERATOR_TOKENS",
+                "[\"supersecret_operator_token_123",
+                "environment variable HOOKLINE_ADMIN__OPERATOR_TOKENS: value for \
+                 admin.operator_tokens is not valid TOML",
+            ),
+            (
+                "HOOKLINE_ADMIN__TENANT_TOKENS__SUPERSECRET_TENANT_TOKEN_456",
+                "acme",
+                "environment variable HOOKLINE_ADMIN__TENANT_TOKENS__...: a token cannot be part",
+            ),
+            (
+                "HOOKLINE_SECURITY__MASTER_KEY",
+                "[\"c2VjcmV0LWtleS1tYXRlcmlhbA\"]",
+                "security.master_key is wrong: expected base64 of 32 bytes, got a list",
+            ),
+        ];
+        let got = file_cases
+            .iter()
+            .map(|(file, want)| (*file, err(file, &[]), *want))
+            .chain(
+                env_cases
+                    .iter()
+                    .map(|(var, value, want)| (*var, err("", &[(var, value)]), *want)),
+            );
+        for (input, got, want) in got {
+            assert!(got.starts_with(want), "{input}: got {got:?}, want {want:?}");
+            let lower = got.to_ascii_lowercase();
+            for secret in [OP, TEN, KEY] {
+                assert!(
+                    !lower.contains(&secret.to_ascii_lowercase()),
+                    "{input}: {got}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn secret_kafka_client_properties_are_redacted_in_debug() {
+        let c = load(
+            "[kafka.client]\n\"sasl.password\" = \"supersecret_sasl\"\n\
+             \"ssl.key.pem\" = \"supersecret_pem\"\n\"sasl.username\" = \"hookline\"",
+            &[(
+                "HOOKLINE_KAFKA__CLIENT__SASL_OAUTHBEARER_CLIENT_SECRET",
+                "supersecret_oauth",
+            )],
+        )
+        .unwrap();
+        assert_eq!(c.kafka.client["sasl.password"], "supersecret_sasl");
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("supersecret"), "{dbg}");
+        assert!(dbg.contains("\"sasl.password\": \"<redacted>\""), "{dbg}");
+        assert!(dbg.contains("\"sasl.username\": \"hookline\""), "{dbg}");
+    }
+
+    #[test]
+    fn an_env_variable_below_a_value_is_named() {
+        assert_eq!(
+            err("", &[("HOOKLINE_KAFKA__PARTITIONS__X", "1")]),
+            "kafka.partitions is wrong: invalid type: map, expected u32 (set by \
+             HOOKLINE_KAFKA__PARTITIONS__X)"
         );
     }
 

@@ -260,9 +260,9 @@ impl DeliverDeps {
         let attempt_no = record.attempts.saturating_add(1);
         let (attempt, key_ids, no_key) = match prepare(&record, plan, attempt_no, started) {
             Ok((request, key_ids)) => {
-                telemetry::in_flight(1.0);
+                telemetry::in_flight(1);
                 let a = self.sender.send(request).await;
-                telemetry::in_flight(-1.0);
+                telemetry::in_flight(-1);
                 (a, key_ids, false)
             }
             Err(Unsendable::NoKey) => (

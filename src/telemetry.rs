@@ -3,6 +3,7 @@
 //! classes, dead reasons, tier names, stage names), never raw endpoint ids or URLs.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -242,9 +243,18 @@ impl Drop for BreakersOpen {
     }
 }
 
+/// HTTP attempts in flight in this process, for the shutdown log line; the gauge says the same.
+static ATTEMPTS_IN_FLIGHT: AtomicI64 = AtomicI64::new(0);
+
 /// HTTP attempts in flight changed by `delta`.
-pub fn in_flight(delta: f64) {
-    gauge!(name::IN_FLIGHT).increment(delta);
+pub fn in_flight(delta: i64) {
+    ATTEMPTS_IN_FLIGHT.fetch_add(delta, Ordering::Relaxed);
+    gauge!(name::IN_FLIGHT).increment(delta as f64);
+}
+
+/// HTTP attempts in flight in this process right now.
+pub fn attempts_in_flight() -> u64 {
+    u64::try_from(ATTEMPTS_IN_FLIGHT.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
 /// The consumer lag of a stage, summed over its assigned partitions.

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::producer::{BaseProducer, Producer};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -55,8 +56,21 @@ fn probe_kafka(
     Ok(())
 }
 
+/// Binds the admin API's address. Done before Kafka and the stages start, so an address in use
+/// is the first and only thing said.
+pub(super) async fn bind(config: &Config) -> Result<TcpListener, ServiceError> {
+    TcpListener::bind(config.admin.listen)
+        .await
+        .map_err(|e| ServiceError::Admin {
+            addr: config.admin.listen,
+            detail: e.to_string(),
+        })
+}
+
+/// Serves the admin API on `listener` (from [`bind`]) until `shutdown`.
 pub(super) async fn serve(
     config: &Config,
+    listener: TcpListener,
     handles: &Handles,
     shutdown: &CancellationToken,
     tasks: &TaskTracker,
@@ -77,12 +91,6 @@ pub(super) async fn serve(
         policy: Policy::with_allowed(config.http.allow_cidrs.iter().copied()),
         allow_http: config.http.dangerous_allow_http,
     });
-    let listener = tokio::net::TcpListener::bind(config.admin.listen)
-        .await
-        .map_err(|e| ServiceError::Admin {
-            addr: config.admin.listen,
-            detail: e.to_string(),
-        })?;
     let shutdown = shutdown.clone();
     tasks.spawn(async move {
         if let Err(e) = admin::serve(listener, state, shutdown).await {

@@ -4,8 +4,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
 
 use crate::support::hookline_bin;
 use crate::support::receiver::{Receiver, Reply};
@@ -18,10 +18,13 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dev_delivers_a_signed_event_and_drains_on_sigterm() {
-    let (admin, metrics) = (free_port(), free_port());
-    let token = "it_dev_token_0123456789";
+/// Starts `hookline dev` on these ports with this operator token and waits until it says it is
+/// running. Its stdout comes back with it: closing the pipe would fail dev's later prints.
+async fn start_dev(
+    admin: u16,
+    metrics: u16,
+    token: &str,
+) -> (Child, Lines<BufReader<ChildStdout>>) {
     let mut child = Command::new(hookline_bin())
         .args(["dev", "--listen", &format!("127.0.0.1:{admin}")])
         .args([
@@ -47,15 +50,19 @@ async fn dev_delivers_a_signed_event_and_drains_on_sigterm() {
     })
     .await
     .expect("hookline dev is running within 60 s");
+    (child, stdout)
+}
 
-    // A receiver that takes a moment, so a delivery is in flight when SIGTERM arrives.
-    let receiver = Receiver::fixed(Reply::status(200).delay(Duration::from_millis(1500))).await;
-    let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{admin}");
-    let created: serde_json::Value = http
-        .post(format!("{base}/v1/endpoints"))
+/// Registers an endpoint of tenant `acme` for `order.*` at `url`; the answer, with its secret.
+async fn create_endpoint(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    url: &str,
+) -> serde_json::Value {
+    http.post(format!("{base}/v1/endpoints"))
         .bearer_auth(token)
-        .json(&serde_json::json!({"tenant": "acme", "url": receiver.url("/hook"), "event_types": ["order.*"]}))
+        .json(&serde_json::json!({"tenant": "acme", "url": url, "event_types": ["order.*"]}))
         .send()
         .await
         .unwrap()
@@ -63,7 +70,20 @@ async fn dev_delivers_a_signed_event_and_drains_on_sigterm() {
         .expect("endpoint created")
         .json()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_delivers_a_signed_event_and_drains_on_sigterm() {
+    let (admin, metrics) = (free_port(), free_port());
+    let token = "it_dev_token_0123456789";
+    let (mut child, _stdout) = start_dev(admin, metrics, token).await;
+
+    // A receiver that takes a moment, so a delivery is in flight when SIGTERM arrives.
+    let receiver = Receiver::fixed(Reply::status(200).delay(Duration::from_millis(1500))).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{admin}");
+    let created = create_endpoint(&http, &base, token, &receiver.url("/hook")).await;
     let secret = created["secret"]
         .as_str()
         .expect("secret shown at creation")
@@ -120,4 +140,175 @@ async fn dev_delivers_a_signed_event_and_drains_on_sigterm() {
         .unwrap();
     assert!(status.success(), "exit status {status}; stderr:\n{stderr}");
     assert!(stderr.contains("stopped cleanly"), "{stderr}");
+}
+
+/// Runs `hookline` to its end with `args` and `env`, returning (exit code, stderr).
+async fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        Command::new(hookline_bin())
+            .args(args)
+            .envs(env.iter().copied())
+            .env("HOOKLINE_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("exits within 30 s")
+    .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn config_errors_from_run_and_dev_never_show_a_token() {
+    let path = std::env::temp_dir().join(format!("hookline-it-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        "[admin.tenant_tokens]\n\"supersecret_tenant_token_456\" = \"\"\n",
+    )
+    .unwrap();
+    let shown = path.display().to_string();
+    let path = shown.as_str();
+    for command in ["run", "dev"] {
+        let (code, stderr) = run_to_end(&[command, "--config", path], &[]).await;
+        assert_eq!(code, Some(1), "{command}: {stderr}");
+        assert_eq!(
+            stderr,
+            format!(
+                "error: admin.tenant_tokens (a token) is wrong: tenant must not be empty (set by \
+                 {path})\n"
+            )
+        );
+        // The environment is read with the file, by both commands.
+        let (code, stderr) = run_to_end(
+            &[command, "--config", "/dev/null"],
+            &[(
+                "HOOKLINE_ADMIN__OPERATOR_TOKENS",
+                "supersecret_operator_token_123",
+            )],
+        )
+        .await;
+        assert_eq!(code, Some(1), "{command}: {stderr}");
+        assert_eq!(
+            stderr,
+            "error: admin.operator_tokens is wrong: expected a list of tokens, got a string \
+             (value not shown: it is a secret) (set by HOOKLINE_ADMIN__OPERATOR_TOKENS)\n"
+        );
+    }
+    std::fs::remove_file(path).unwrap();
+}
+
+#[tokio::test]
+async fn dev_reports_an_address_in_use_first_and_alone() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let free = format!("127.0.0.1:{}", free_port());
+    for (admin, metrics, want) in [
+        (
+            taken_addr.as_str(),
+            free.as_str(),
+            format!("error: admin API on {taken_addr}: Address already in use"),
+        ),
+        (
+            free.as_str(),
+            taken_addr.as_str(),
+            format!("error: metrics listener on {taken_addr}:"),
+        ),
+        (
+            free.as_str(),
+            free.as_str(),
+            format!("error: metrics.listen = \"{free}\" is the same address as admin.listen"),
+        ),
+    ] {
+        let (code, stderr) = run_to_end(
+            &["dev", "--listen", admin, "--metrics-listen", metrics],
+            &[],
+        )
+        .await;
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.starts_with(&want), "want {want:?}, got:\n{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line only:\n{stderr}");
+        assert!(!stderr.contains('\x1b'), "no colours in a pipe:\n{stderr}");
+    }
+    let (code, stderr) = run_to_end(&["dev", "--admin-token", "x"], &[]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "error: --admin-token must be 16 to 1024 characters (got 1)\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_ends_the_drain_at_once() {
+    let (admin, metrics) = (free_port(), free_port());
+    let token = "it_dev_token_0123456789";
+    let (mut child, _stdout) = start_dev(admin, metrics, token).await;
+
+    // A receiver slower than the HTTP timeout, so the drain would take the whole deadline.
+    let receiver = Receiver::fixed(Reply::status(200).delay(Duration::from_secs(60))).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{admin}");
+    create_endpoint(&http, &base, token, &receiver.url("/hook")).await;
+    http.post(format!("{base}/v1/events"))
+        .bearer_auth(token)
+        .json(&serde_json::json!({"tenant": "acme", "type": "order.created", "payload": {}}))
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .expect("event accepted");
+    receiver.wait_for(1, Duration::from_secs(60)).await;
+
+    let pid = child.id().expect("running").to_string();
+    let signal = |sig: &'static str| {
+        let pid = pid.clone();
+        async move {
+            let killed = Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .await
+                .unwrap();
+            assert!(killed.success());
+        }
+    };
+    signal("-TERM").await;
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut log = String::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            log.push_str(&line);
+            log.push('\n');
+            if line.contains("shutting down") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the first signal is logged");
+    assert!(
+        log.contains("waiting up to 25s for 1 in-flight attempts"),
+        "{log}"
+    );
+    signal("-INT").await;
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("exits at once after the second signal")
+        .unwrap();
+    while let Some(line) = stderr.next_line().await.unwrap() {
+        log.push_str(&line);
+        log.push('\n');
+    }
+    assert_eq!(status.code(), Some(130), "{log}");
+    assert!(
+        log.contains(
+            "second signal: exiting without draining; records not yet committed will be \
+             delivered again"
+        ),
+        "{log}"
+    );
 }
