@@ -72,12 +72,17 @@ pub struct ErrorBody {
 }
 
 impl ApiError {
-    /// A 422 naming `field`.
+    /// A 422 naming `field`. A reason that starts with the field's own name (an id's error,
+    /// `tenant must not be empty`) drops it, so the detail reads `tenant: must not be empty`.
     pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ApiError {
-        ApiError::Invalid {
-            field: field.into(),
-            reason: reason.into(),
-        }
+        let (field, reason) = (field.into(), reason.into());
+        let reason = match reason.strip_prefix(field.as_str()) {
+            Some(rest) if rest.starts_with(' ') && !rest.trim().is_empty() => {
+                rest.trim_start().to_owned()
+            }
+            _ => reason,
+        };
+        ApiError::Invalid { field, reason }
     }
 
     /// The HTTP status.

@@ -453,7 +453,7 @@ async fn endpoint_validation_names_the_field() {
             json!({"tenant": "", "url": "https://example.com", "event_types": ["a"]}),
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid",
-            "tenant must not be empty",
+            "tenant: must not be empty",
         ),
         (
             json!({"url": "https://example.com", "event_types": ["a"]}),
