@@ -183,6 +183,17 @@ pub enum ReplayError {
 /// How long replay waits for the brokers to answer a metadata or offsets request.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Turns a librdkafka error into [`ReplayError::Kafka`], naming the brokers and what replay
+/// was doing (`action`).
+fn kafka_failure(target: &ReplayTarget, action: String) -> impl FnOnce(KafkaError) -> ReplayError {
+    let bootstrap = target.bootstrap.clone();
+    move |source| ReplayError::Kafka {
+        bootstrap,
+        action,
+        source: Box::new(source),
+    }
+}
+
 /// Asks the brokers about the DLQ topic: that they answer, that the topic exists, and that it
 /// has `partition`. Without this a wrong partition shows up as librdkafka's bare
 /// `UnknownPartition` and a broker that is down as `AllBrokersDown`, neither naming anything.
@@ -191,11 +202,8 @@ fn check_partition(
     target: &ReplayTarget,
     partition: i32,
 ) -> Result<(), ReplayError> {
-    let metadata_error = |source: KafkaError| ReplayError::Kafka {
-        bootstrap: target.bootstrap.clone(),
-        action: format!("reading the metadata of {}", target.dlq),
-        source: Box::new(source),
-    };
+    let metadata_error =
+        |source| kafka_failure(target, format!("reading the metadata of {}", target.dlq))(source);
     let metadata =
         tokio::task::block_in_place(|| consumer.fetch_metadata(Some(&target.dlq), KAFKA_TIMEOUT))
             .map_err(|source| {
@@ -277,14 +285,7 @@ pub async fn replay(
     request.validate()?;
     let replay_id = new_replay_id();
     let group = format!("hookline-replay-{}", uuid::Uuid::new_v4().simple());
-    let kafka = |action: String| {
-        let bootstrap = target.bootstrap.clone();
-        move |source| ReplayError::Kafka {
-            bootstrap,
-            action,
-            source: Box::new(source),
-        }
-    };
+    let kafka = |action: String| kafka_failure(target, action);
     let consumer: BaseConsumer = client_config(&target.bootstrap, &target.client)
         .set("group.id", &group)
         .set("enable.auto.commit", "false")

@@ -312,16 +312,14 @@ pub(super) fn dev(args: &DevArgs) -> ExitCode {
         let deadline = config.http.total_timeout + Duration::from_secs(10);
         Ok::<_, ServiceError>(serve_until_signal(signals(), shutdown, tasks, deadline).await)
     });
+    if let Ok(Stopped::Abandoned) = result {
+        // Exits at once: the embedded broker's teardown would wait for what was abandoned.
+        return finish(Stopped::Abandoned);
+    }
+    drop(kafka);
     match result {
-        Ok(Stopped::Abandoned) => finish(Stopped::Abandoned),
-        Ok(stopped) => {
-            drop(kafka);
-            finish(stopped)
-        }
-        Err(e) => {
-            drop(kafka);
-            fail(e)
-        }
+        Ok(stopped) => finish(stopped),
+        Err(e) => fail(e),
     }
 }
 
