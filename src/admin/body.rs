@@ -92,6 +92,56 @@ pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, Ap
     })
 }
 
+/// A JSON object whose keys are unique: a repeated key is refused as the typed requests refuse
+/// a repeated field, instead of the last one silently winning. For handlers that look at a
+/// body's fields before deserialising it into its request type.
+#[derive(Debug, Clone, Default)]
+pub struct UniqueObject(pub serde_json::Map<String, serde_json::Value>);
+
+impl<'de> serde::Deserialize<'de> for UniqueObject {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = UniqueObject;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<UniqueObject, A::Error> {
+                let mut out = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if out.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "duplicate field `{key}`"
+                        )));
+                    }
+                    let value = map.next_value()?;
+                    out.insert(key, value);
+                }
+                Ok(UniqueObject(out))
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
+
+/// The body's bytes, read as [`read`] does, for a handler that parses them itself (with
+/// [`parse`]) after checks that must come first, such as whether the resource exists.
+#[derive(Debug, Clone)]
+pub struct JsonBytes(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        read(req, state).await.map(JsonBytes)
+    }
+}
+
 /// Like [`ApiJson`], but an empty (or all-whitespace) body gives `T::default()`: for requests
 /// whose every field is optional, such as a secret rotation.
 #[derive(Debug, Clone)]

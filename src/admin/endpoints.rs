@@ -32,7 +32,7 @@ use crate::subscription::parse_filters;
 
 use super::AdminState;
 use super::auth::Caller;
-use super::body::{self, ApiJson, OptionalJson};
+use super::body::{self, ApiJson, JsonBytes, OptionalJson, UniqueObject};
 use super::error::{ApiError, filter_error};
 
 /// Default page size of `GET /v1/endpoints`.
@@ -181,7 +181,7 @@ fn check_filters(types: &[String]) -> Result<(), ApiError> {
 pub async fn create(
     State(state): State<AdminState>,
     caller: Caller,
-    ApiJson(mut body): ApiJson<serde_json::Map<String, serde_json::Value>>,
+    ApiJson(UniqueObject(mut body)): ApiJson<UniqueObject>,
 ) -> Result<(StatusCode, Json<EndpointBody>), ApiError> {
     if let (None, Some(own)) = (body.get("tenant"), caller.tenant()) {
         body.insert("tenant".into(), own.as_str().into());
@@ -226,9 +226,25 @@ pub(super) fn limit(raw: Option<&str>, default: usize, max: usize) -> Result<usi
     }
 }
 
+/// A query string that does not fit `T` (an unknown or repeated parameter) is 422 `invalid`
+/// naming it, as an unknown or repeated body field is.
 pub(super) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(t)| t)
-        .map_err(|e| ApiError::BadRequest(format!("query: {}", e.body_text())))
+    q.map(|Query(t)| t).map_err(|e| {
+        let text = e.body_text();
+        let reason = text
+            .strip_prefix("Failed to deserialize query string: ")
+            .unwrap_or(&text);
+        // axum puts the parameter's name first (`tenat: unknown field ...`) when it knows it.
+        match reason.split_once(": ") {
+            Some((name, rest))
+                if !name.is_empty()
+                    && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
+            {
+                ApiError::invalid(name, rest)
+            }
+            _ => ApiError::invalid("query", reason),
+        }
+    })
 }
 
 /// `GET /v1/endpoints?tenant=&cursor=&limit=`.
@@ -294,11 +310,11 @@ pub async fn patch(
     State(state): State<AdminState>,
     caller: Caller,
     id: Result<Path<String>, PathRejection>,
-    ApiJson(req): ApiJson<serde_json::Value>,
+    JsonBytes(raw): JsonBytes,
 ) -> Result<Json<EndpointBody>, ApiError> {
     // The endpoint first: an unknown id is 404 whatever the body says.
     let current = visible(&state, &caller, &path(id)?)?;
-    let req: PatchEndpoint = body::from_value(req)?;
+    let req: PatchEndpoint = body::parse(&raw)?;
     if let Some(types) = &req.event_types {
         check_filters(types)?;
     }

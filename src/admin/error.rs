@@ -20,8 +20,8 @@ use super::events::SinkError;
 /// What the admin API answers when a request does not succeed.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    /// 400 `bad_request`: the body is not JSON, has an unknown field or a field of the wrong
-    /// type; or a path or query string cannot be read.
+    /// 400 `bad_request`: the body is not JSON or cannot be read, or a path cannot be read.
+    /// (JSON or a query string of the wrong shape is 422 [`ApiError::Invalid`].)
     #[error("{0}")]
     BadRequest(String),
     /// 401 `unauthorized`: no bearer token, or one that is not configured.

@@ -134,6 +134,13 @@ async fn create(app: &Router, token: &str, body: Value) -> Answer {
     .await
 }
 
+/// Creates [`acme_endpoint`] as `token` and returns its id.
+async fn created_id(app: &Router, token: &str) -> String {
+    let a = create(app, token, acme_endpoint()).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text);
+    a.json["id"].as_str().unwrap().to_owned()
+}
+
 fn acme_endpoint() -> Value {
     json!({"tenant": "acme", "url": "https://example.com/hook", "event_types": ["order.*"]})
 }
@@ -524,10 +531,7 @@ async fn endpoint_validation_names_the_field() {
         "application/json",
     );
     // PATCH validates too, and changes nothing when invalid.
-    let id = create(&f.app, OP, acme_endpoint()).await.json["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = created_id(&f.app, OP).await;
     let uri = format!("/v1/endpoints/{id}");
     assert_error(
         &call(
@@ -596,19 +600,29 @@ async fn endpoint_validation_names_the_field() {
     }
     assert_error(
         &call(&f.app, Method::GET, "/v1/endpoints?tenat=acme", OP, None).await,
-        StatusCode::BAD_REQUEST,
-        "bad_request",
-        "tenat",
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid",
+        "tenat: unknown field `tenat`",
+    );
+    assert_error(
+        &call(
+            &f.app,
+            Method::GET,
+            "/v1/endpoints?limit=1&limit=2",
+            OP,
+            None,
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid",
+        "duplicate field `limit`",
     );
 }
 
 #[tokio::test(start_paused = true)]
 async fn tenants_see_only_their_own_endpoints() {
     let f = fixture();
-    let acme = create(&f.app, ACME, acme_endpoint()).await.json["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let acme = created_id(&f.app, ACME).await;
     let globex = create(
         &f.app,
         GLOBEX,
@@ -699,12 +713,7 @@ async fn endpoint_list_pages_by_id() {
     let f = fixture();
     let mut ids = vec![];
     for _ in 0..5 {
-        ids.push(
-            create(&f.app, OP, acme_endpoint()).await.json["id"]
-                .as_str()
-                .unwrap()
-                .to_owned(),
-        );
+        ids.push(created_id(&f.app, OP).await);
     }
     let mut seen = vec![];
     let mut uri = "/v1/endpoints?tenant=acme&limit=2".to_owned();
@@ -1026,10 +1035,7 @@ async fn record(
 #[tokio::test(start_paused = true)]
 async fn history_pages_newest_first_and_scopes_by_tenant() {
     let f = fixture();
-    let ep = create(&f.app, ACME, acme_endpoint()).await.json["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let ep = created_id(&f.app, ACME).await;
     for i in 0..5 {
         record(
             &f.store,
@@ -1408,10 +1414,7 @@ async fn readiness_follows_kafka_and_the_endpoint_view() {
 #[tokio::test(start_paused = true)]
 async fn registry_errors_map_to_statuses() {
     let f = fixture();
-    let id = create(&f.app, OP, acme_endpoint()).await.json["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = created_id(&f.app, OP).await;
     // Someone else bumped the version underneath: the store refuses a stale write with 409.
     let current = f
         .endpoints
@@ -1634,4 +1637,46 @@ async fn a_handler_that_panics_still_answers_500() {
     // The API goes on answering.
     let h = call(&f.app, Method::GET, "/v1/health", OP, None).await;
     assert_eq!(h.status, StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_repeated_body_field_is_refused_not_last_wins() {
+    let f = fixture();
+    let id = created_id(&f.app, OP).await;
+    let uri = format!("/v1/endpoints/{id}");
+    let cases = [
+        (
+            Method::POST,
+            "/v1/endpoints",
+            r#"{"tenant":"acme","url":"https://a.example","url":"https://b.example","event_types":["*"]}"#,
+            "duplicate field `url`",
+        ),
+        (
+            Method::PATCH,
+            uri.as_str(),
+            r#"{"enabled":false,"enabled":true}"#,
+            "duplicate field `enabled`",
+        ),
+        (
+            Method::POST,
+            "/v1/events",
+            r#"{"tenant":"acme","type":"a","type":"b","payload":1}"#,
+            "duplicate field `type`",
+        ),
+    ];
+    for (method, path, body, needle) in cases {
+        let r = call(&f.app, method, path, OP, Some(body)).await;
+        assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid", needle);
+    }
+    // Nothing changed on the way.
+    let got = call(&f.app, Method::GET, &uri, OP, None).await;
+    assert_eq!(got.json["enabled"], true, "{}", got.text);
+    assert_eq!(got.json["url"], "https://example.com/hook", "{}", got.text);
+    let list = call(&f.app, Method::GET, "/v1/endpoints", OP, None).await;
+    assert_eq!(
+        list.json["data"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        list.text
+    );
 }
