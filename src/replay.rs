@@ -275,15 +275,36 @@ pub fn new_replay_id() -> String {
     format!("rpl_{}", uuid::Uuid::now_v7().simple())
 }
 
-/// Replays `request` and records its audit entry in `store`.
+/// Replays `request` and records its audit entry in `store`: [`check`], then [`Checked::run`].
 pub async fn replay(
     target: &ReplayTarget,
     request: &ReplayRequest,
     store: &dyn DeliveryStore,
     progress: &mut dyn Progress,
 ) -> Result<ReplaySummary, ReplayError> {
+    check(target, request)
+        .await?
+        .run(target, request, store, progress)
+        .await
+}
+
+/// A replay whose range the brokers confirmed, with its DLQ consumer assigned to the first
+/// offset. The command line opens the store between [`check`] and [`Checked::run`], so a wrong
+/// partition or offset is named at once even when the store would take its whole start-up
+/// wait to answer, and the audit entry's store is known to open before anything is
+/// republished.
+pub struct Checked {
+    consumer: BaseConsumer,
+    /// The last offset to read: `to_offset`, or the partition's last record if that is lower.
+    last: i64,
+    /// How many offsets lie in `from_offset..=last`.
+    total: u64,
+}
+
+/// Checks `request` locally ([`ReplayRequest::validate`]), then with the brokers: the DLQ topic
+/// and partition exist and hold `from_offset`.
+pub async fn check(target: &ReplayTarget, request: &ReplayRequest) -> Result<Checked, ReplayError> {
     request.validate()?;
-    let replay_id = new_replay_id();
     let group = format!("hookline-replay-{}", uuid::Uuid::new_v4().simple());
     let kafka = |action: String| kafka_failure(target, action);
     let consumer: BaseConsumer = client_config(&target.bootstrap, &target.client)
@@ -312,118 +333,148 @@ pub async fn replay(
     let last = request.to_offset.min(high - 1);
     let total = u64::try_from(last - request.from_offset + 1).unwrap_or(0);
     let mut tpl = TopicPartitionList::new();
-    let reading = format!("reading {} partition {}", target.dlq, request.partition);
     tpl.add_partition_offset(
         &target.dlq,
         request.partition,
         Offset::Offset(request.from_offset),
     )
     .and_then(|()| consumer.assign(&tpl))
-    .map_err(kafka(reading.clone()))?;
-    let producer: FutureProducer = producer_config(&target.bootstrap, &target.client)
-        .create()
-        .map_err(kafka("creating the producer".into()))?;
-    let deliveries: Arc<str> = Arc::from(target.deliveries.as_str());
-    let never = CancellationToken::new();
-    let publish_deadline = Duration::from_secs(60);
-    let mut summary = ReplaySummary {
-        replay_id: replay_id.clone(),
-        scanned: 0,
-        replayed: 0,
-        filtered: 0,
-        undecodable: 0,
-    };
-    let mut next = request.from_offset;
-    let mut idle_polls = 0;
-    while next <= last {
-        // The consumer's poll blocks; keep it off the async workers' backs.
-        let polled = tokio::task::block_in_place(|| consumer.poll(Duration::from_millis(500)));
-        let Some(polled) = polled else {
-            idle_polls += 1;
-            if idle_polls > 20 {
+    .map_err(kafka(reading(target, request)))?;
+    Ok(Checked {
+        consumer,
+        last,
+        total,
+    })
+}
+
+/// What replay is doing while it reads the DLQ, for its errors.
+fn reading(target: &ReplayTarget, request: &ReplayRequest) -> String {
+    format!("reading {} partition {}", target.dlq, request.partition)
+}
+
+impl Checked {
+    /// Republishes the checked range (unless a dry run) and records the audit entry in `store`.
+    /// `target` and `request` are the ones given to [`check`].
+    pub async fn run(
+        self,
+        target: &ReplayTarget,
+        request: &ReplayRequest,
+        store: &dyn DeliveryStore,
+        progress: &mut dyn Progress,
+    ) -> Result<ReplaySummary, ReplayError> {
+        let Checked {
+            consumer,
+            last,
+            total,
+        } = self;
+        let replay_id = new_replay_id();
+        let kafka = |action: String| kafka_failure(target, action);
+        let reading = reading(target, request);
+        let producer: FutureProducer = producer_config(&target.bootstrap, &target.client)
+            .create()
+            .map_err(kafka("creating the producer".into()))?;
+        let deliveries: Arc<str> = Arc::from(target.deliveries.as_str());
+        let never = CancellationToken::new();
+        let publish_deadline = Duration::from_secs(60);
+        let mut summary = ReplaySummary {
+            replay_id: replay_id.clone(),
+            scanned: 0,
+            replayed: 0,
+            filtered: 0,
+            undecodable: 0,
+        };
+        let mut next = request.from_offset;
+        let mut idle_polls = 0;
+        while next <= last {
+            // The consumer's poll blocks; keep it off the async workers' backs.
+            let polled = tokio::task::block_in_place(|| consumer.poll(Duration::from_millis(500)));
+            let Some(polled) = polled else {
+                idle_polls += 1;
+                if idle_polls > 20 {
+                    break;
+                }
+                continue;
+            };
+            idle_polls = 0;
+            let msg = match polled {
+                Ok(m) => m,
+                Err(KafkaError::PartitionEOF(_)) => break,
+                Err(e) => return Err(kafka(reading)(e)),
+            };
+            next = msg.offset() + 1;
+            if msg.offset() > last {
                 break;
             }
-            continue;
-        };
-        idle_polls = 0;
-        let msg = match polled {
-            Ok(m) => m,
-            Err(KafkaError::PartitionEOF(_)) => break,
-            Err(e) => return Err(kafka(reading)(e)),
-        };
-        next = msg.offset() + 1;
-        if msg.offset() > last {
-            break;
-        }
-        summary.scanned += 1;
-        progress.update(summary.scanned, total);
-        let record = match DeliveryRecord::from_message(&msg) {
-            Ok(r) if r.dead.is_some() => r,
-            _ => {
-                summary.undecodable += 1;
+            summary.scanned += 1;
+            progress.update(summary.scanned, total);
+            let record = match DeliveryRecord::from_message(&msg) {
+                Ok(r) if r.dead.is_some() => r,
+                _ => {
+                    summary.undecodable += 1;
+                    continue;
+                }
+            };
+            if request
+                .endpoint
+                .as_ref()
+                .is_some_and(|e| *e != record.endpoint_id)
+            {
+                summary.filtered += 1;
                 continue;
             }
+            summary.replayed += 1;
+            if request.dry_run {
+                continue;
+            }
+            let out = outgoing(deliveries.clone(), &record.for_replay(replay_id.clone()));
+            let sent = tokio::time::timeout(
+                publish_deadline,
+                produce_until_acked(&producer, out, &never),
+            )
+            .await;
+            if !matches!(sent, Ok(true)) {
+                return Err(ReplayError::Publish {
+                    topic: target.deliveries.clone(),
+                    done: summary.replayed - 1,
+                });
+            }
+        }
+        if !request.dry_run {
+            telemetry::replayed(summary.replayed);
+        }
+        let scope = format!(
+            "{} partition {} offsets {}..={}{}",
+            target.dlq,
+            request.partition,
+            request.from_offset,
+            request.to_offset,
+            request
+                .endpoint
+                .as_ref()
+                .map(|e| format!(", endpoint {e}"))
+                .unwrap_or_default()
+        );
+        let audit = ReplayAudit {
+            replay_id: replay_id.clone(),
+            actor: request.actor.clone(),
+            reason: request.reason.clone(),
+            at: SystemTime::now(),
+            scope,
+            count: summary.replayed,
+            dry_run: request.dry_run,
         };
-        if request
-            .endpoint
-            .as_ref()
-            .is_some_and(|e| *e != record.endpoint_id)
-        {
-            summary.filtered += 1;
-            continue;
-        }
-        summary.replayed += 1;
-        if request.dry_run {
-            continue;
-        }
-        let out = outgoing(deliveries.clone(), &record.for_replay(replay_id.clone()));
-        let sent = tokio::time::timeout(
-            publish_deadline,
-            produce_until_acked(&producer, out, &never),
-        )
-        .await;
-        if !matches!(sent, Ok(true)) {
-            return Err(ReplayError::Publish {
-                topic: target.deliveries.clone(),
-                done: summary.replayed - 1,
-            });
-        }
+        store
+            .record_replay(&audit)
+            .await
+            .map_err(|source| ReplayError::Audit {
+                replay_id,
+                replayed: summary.replayed,
+                source,
+            })?;
+        tracing::info!(replay_id = %audit.replay_id, actor = %audit.actor, reason = %audit.reason,
+            scope = %audit.scope, count = audit.count, dry_run = audit.dry_run, "replay recorded");
+        Ok(summary)
     }
-    if !request.dry_run {
-        telemetry::replayed(summary.replayed);
-    }
-    let scope = format!(
-        "{} partition {} offsets {}..={}{}",
-        target.dlq,
-        request.partition,
-        request.from_offset,
-        request.to_offset,
-        request
-            .endpoint
-            .as_ref()
-            .map(|e| format!(", endpoint {e}"))
-            .unwrap_or_default()
-    );
-    let audit = ReplayAudit {
-        replay_id: replay_id.clone(),
-        actor: request.actor.clone(),
-        reason: request.reason.clone(),
-        at: SystemTime::now(),
-        scope,
-        count: summary.replayed,
-        dry_run: request.dry_run,
-    };
-    store
-        .record_replay(&audit)
-        .await
-        .map_err(|source| ReplayError::Audit {
-            replay_id,
-            replayed: summary.replayed,
-            source,
-        })?;
-    tracing::info!(replay_id = %audit.replay_id, actor = %audit.actor, reason = %audit.reason,
-        scope = %audit.scope, count = audit.count, dry_run = audit.dry_run, "replay recorded");
-    Ok(summary)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use clap::Args;
 
 use crate::config::{Config, StoreKind};
 use crate::id::EndpointId;
-use crate::replay::{ReplayRequest, ReplayTarget, replay};
+use crate::replay::{ReplayRequest, ReplayTarget, check};
 use crate::service;
 
 /// `hookline replay`.
@@ -73,6 +73,10 @@ pub(super) fn run(args: &ReplayArgs) -> ExitCode {
     };
     let terminal = std::io::stderr().is_terminal();
     let result = rt.block_on(async {
+        // Kafka first: it answers within seconds, where an unreachable store takes its whole
+        // start-up wait. The store opens before anything is republished, so the audit entry
+        // has somewhere to go.
+        let checked = check(&target, &request).await.map_err(|e| e.to_string())?;
         let store = service::open_store(&config)
             .await
             .map_err(|e| e.to_string())?;
@@ -82,7 +86,8 @@ pub(super) fn run(args: &ReplayArgs) -> ExitCode {
                 let _ = std::io::stderr().flush();
             }
         };
-        replay(&target, &request, store.as_ref(), &mut progress)
+        checked
+            .run(&target, &request, store.as_ref(), &mut progress)
             .await
             .map_err(|e| e.to_string())
     });

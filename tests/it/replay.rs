@@ -4,6 +4,7 @@
 use std::process::Output;
 use std::time::Duration;
 
+use crate::services::fixture::{Topics, require_kafka, unique};
 use crate::support::hookline_bin;
 
 /// Nothing listens here: a connection attempt would wait for its timeout (60 s for the store).
@@ -14,14 +15,21 @@ const LOCAL_CHECK_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Runs `hookline replay` with `args` against a CQL store and a Kafka that are both unreachable.
 async fn replay_without_servers(args: &[&str]) -> Output {
+    replay_with_unreachable_store(args, NOWHERE, &[]).await
+}
+
+/// Runs `hookline replay` with `args`, Kafka at `kafka` and a CQL store that never answers,
+/// plus the `env` settings; fails if it is still running after [`LOCAL_CHECK_DEADLINE`].
+async fn replay_with_unreachable_store(args: &[&str], kafka: &str, env: &[(&str, &str)]) -> Output {
     let mut command = tokio::process::Command::new(hookline_bin());
     command
         .arg("replay")
         .args(args)
         .env("HOOKLINE_STORE__KIND", "scylla")
         .env("HOOKLINE_STORE__SCYLLA__NODES", format!(r#"["{NOWHERE}"]"#))
-        .env("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", NOWHERE)
+        .env("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", kafka)
         .env("HOOKLINE_LOG", "warn")
+        .envs(env.iter().copied())
         .kill_on_drop(true);
     tokio::time::timeout(LOCAL_CHECK_DEADLINE, command.output())
         .await
@@ -144,4 +152,36 @@ async fn an_unreachable_kafka_is_named() {
         stderr.lines().any(|l| l.starts_with(&expected)),
         "expected a line starting {expected:?} in:\n{stderr}"
     );
+}
+
+/// A partition or offset the DLQ does not have is named by Kafka before the store is opened: an
+/// unreachable store (here one that never answers) does not hide it behind its start-up wait.
+#[tokio::test]
+async fn kafka_names_a_wrong_range_before_the_store_is_opened() {
+    let kafka = require_kafka().await;
+    let dlq = unique("replay_dlq");
+    let topics = Topics::create(&kafka, &[&dlq], 2).await;
+    let env = [("HOOKLINE_KAFKA__TOPICS__DLQ", dlq.as_str())];
+    let cases = [
+        (
+            replay_args(&["--partition", "5"], "0", "9", "oncall", "fixed"),
+            format!(
+                "error: DLQ topic {dlq} has 2 partitions, 0 to 1; --partition 5 does not exist"
+            ),
+        ),
+        (
+            replay_args(&["--partition", "1"], "0", "9", "oncall", "fixed"),
+            "error: dlq partition 1 holds offsets 0..0 (exclusive end)".to_owned(),
+        ),
+    ];
+    for (args, expected) in &cases {
+        let out = replay_with_unreachable_store(args, &kafka, &env).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded: {stderr}");
+        assert!(
+            stderr.contains(expected.as_str()),
+            "{args:?}: expected {expected:?} in:\n{stderr}"
+        );
+    }
+    topics.delete().await;
 }
