@@ -251,6 +251,23 @@ pub enum InvalidReason {
 }
 
 impl InvalidReason {
+    /// Every [`InvalidReason::kind`], for registering the metric's series at start-up.
+    pub const KINDS: [&'static str; 13] = [
+        "empty_value",
+        "not_json",
+        "not_object",
+        "missing_header",
+        "bad_header",
+        "missing_field",
+        "unknown_field",
+        "duplicate_field",
+        "bad_event_id",
+        "bad_event_type",
+        "bad_tenant",
+        "bad_occurred_at",
+        "payload_too_large",
+    ];
+
     /// The reason without the field or header name: a bounded metric label.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -617,6 +634,46 @@ impl<'de> Deserialize<'de> for EnvelopeFields<'de> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kinds_lists_every_kind_once() {
+        let n = || "x".to_owned();
+        let every = [
+            InvalidReason::EmptyValue,
+            InvalidReason::NotJson,
+            InvalidReason::NotObject,
+            InvalidReason::MissingHeader(n()),
+            InvalidReason::BadHeader(n()),
+            InvalidReason::MissingField(n()),
+            InvalidReason::UnknownField(n()),
+            InvalidReason::DuplicateField(n()),
+            InvalidReason::BadEventId,
+            InvalidReason::BadEventType,
+            InvalidReason::BadTenant,
+            InvalidReason::BadOccurredAt,
+            InvalidReason::PayloadTooLarge,
+        ];
+        // No wildcard: a new reason fails to compile here until it is added to `every`.
+        for r in &every {
+            match r {
+                InvalidReason::EmptyValue
+                | InvalidReason::NotJson
+                | InvalidReason::NotObject
+                | InvalidReason::MissingHeader(_)
+                | InvalidReason::BadHeader(_)
+                | InvalidReason::MissingField(_)
+                | InvalidReason::UnknownField(_)
+                | InvalidReason::DuplicateField(_)
+                | InvalidReason::BadEventId
+                | InvalidReason::BadEventType
+                | InvalidReason::BadTenant
+                | InvalidReason::BadOccurredAt
+                | InvalidReason::PayloadTooLarge => {}
+            }
+        }
+        let kinds: Vec<&str> = every.iter().map(InvalidReason::kind).collect();
+        assert_eq!(kinds, InvalidReason::KINDS);
+    }
     use proptest::prelude::*;
 
     const T0_MS: u64 = 1_700_000_000_000;

@@ -317,7 +317,15 @@ pub fn install_metrics(config: &Config) -> Result<(), ServiceError> {
     crate::telemetry::install(config.metrics.listen).map_err(|e| ServiceError::Metrics {
         addr: config.metrics.listen,
         detail: e.to_string(),
-    })
+    })?;
+    let tiers: Vec<String> = config
+        .retry
+        .tiers
+        .iter()
+        .map(|d| crate::config::tier_name(*d))
+        .collect();
+    crate::telemetry::register_series(tiers.iter().map(String::as_str));
+    Ok(())
 }
 
 #[cfg(test)]

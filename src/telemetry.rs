@@ -10,6 +10,7 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
 
 use crate::attempt::ErrorClass;
+use crate::input::InvalidReason;
 use crate::retry_policy::DeadReason;
 
 /// Metric names, in one place so dashboards and code agree.
@@ -112,6 +113,45 @@ fn describe() {
     );
 }
 
+/// Registers every counter series (each label value of its fixed set, `tiers` for the retry
+/// tiers) and the breaker and in-flight gauges at zero, so that the first scrape already shows
+/// them: a series that appears only at its first occurrence reads as "no data" on a dashboard,
+/// and `increase()` over a window that contains its birth misses that first count.
+pub fn register_series<'a>(tiers: impl IntoIterator<Item = &'a str>) {
+    use name::*;
+    for outcome in ["success", "retry", "dead"] {
+        counter!(DELIVERIES, "outcome" => outcome).increment(0);
+    }
+    let classes = ErrorClass::ALL.map(ErrorClass::as_str);
+    for class in std::iter::once("none").chain(classes) {
+        counter!(ATTEMPTS, "error_class" => class).increment(0);
+    }
+    for tier in tiers {
+        counter!(RETRIES_SCHEDULED, "tier" => tier.to_owned()).increment(0);
+    }
+    for reason in DeadReason::ALL {
+        counter!(DEAD_LETTERS, "reason" => reason.as_str()).increment(0);
+    }
+    for reason in ParkReason::ALL {
+        counter!(PARKED, "reason" => reason.as_str()).increment(0);
+    }
+    for reason in InvalidReason::KINDS {
+        counter!(INVALID_RECORDS, "reason" => reason).increment(0);
+    }
+    for plain in [
+        BREAKER_OPENS,
+        EVENTS_FANNED_OUT,
+        DELIVERIES_CREATED,
+        ENDPOINTS_DISABLED,
+        REPLAYED,
+        STORE_ERRORS,
+    ] {
+        counter!(plain).increment(0);
+    }
+    gauge!(BREAKERS_OPEN).increment(0.0);
+    gauge!(IN_FLIGHT).increment(0.0);
+}
+
 /// One HTTP attempt finished.
 pub struct AttemptFinished<'a> {
     /// The endpoint (logged, never a label).
@@ -184,6 +224,13 @@ pub enum ParkReason {
 }
 
 impl ParkReason {
+    /// Every reason, in a fixed order.
+    pub const ALL: [ParkReason; 3] = [
+        ParkReason::LaneFull,
+        ParkReason::BreakerOpen,
+        ParkReason::Stalled,
+    ];
+
     /// The label value.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -362,6 +409,51 @@ mod tests {
             !text.contains("ep_1"),
             "endpoint ids never become labels: {text}"
         );
+    }
+
+    #[test]
+    fn every_series_is_there_at_zero_before_anything_happens() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            register_series(["5s", "1h"]);
+            dead_lettered("dlv_1", "ep_1", DeadReason::Gone);
+        });
+        let text = handle.render();
+        let series = |line: &str| {
+            assert!(
+                text.lines().any(|l| l == line),
+                "no line {line:?} in:\n{text}"
+            );
+        };
+        series("hookline_deliveries_total{outcome=\"retry\"} 0");
+        series("hookline_deliveries_total{outcome=\"dead\"} 1");
+        series("hookline_attempts_total{error_class=\"none\"} 0");
+        for class in ErrorClass::ALL {
+            series(&format!(
+                "hookline_attempts_total{{error_class=\"{}\"}} 0",
+                class.as_str()
+            ));
+        }
+        series("hookline_retries_scheduled_total{tier=\"5s\"} 0");
+        series("hookline_retries_scheduled_total{tier=\"1h\"} 0");
+        series("hookline_dead_letters_total{reason=\"window_exhausted\"} 0");
+        series("hookline_dead_letters_total{reason=\"gone\"} 1");
+        series("hookline_parked_total{reason=\"breaker_open\"} 0");
+        series("hookline_invalid_records_total{reason=\"not_json\"} 0");
+        for plain in [
+            "hookline_breaker_opens_total",
+            "hookline_events_fanned_out_total",
+            "hookline_deliveries_created_total",
+            "hookline_endpoints_disabled_total",
+            "hookline_replayed_records_total",
+            "hookline_store_errors_total",
+            "hookline_breakers_open",
+            "hookline_in_flight_requests",
+        ] {
+            series(&format!("{plain} 0"));
+        }
     }
 
     #[test]
