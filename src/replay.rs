@@ -93,6 +93,9 @@ pub struct ReplaySummary {
     pub filtered: u64,
     /// Records in the range that are not hookline DLQ records (left alone).
     pub undecodable: u64,
+    /// The range's last offset as replayed: `to_offset`, or the partition's last record when
+    /// the replay began if that came first.
+    pub last_offset: i64,
 }
 
 /// Why a replay failed.
@@ -382,6 +385,7 @@ impl Checked {
             replayed: 0,
             filtered: 0,
             undecodable: 0,
+            last_offset: last,
         };
         let mut next = request.from_offset;
         let mut idle_polls = 0;
@@ -443,11 +447,19 @@ impl Checked {
             telemetry::replayed(summary.replayed);
         }
         let scope = format!(
-            "{} partition {} offsets {}..={}{}",
+            "{} partition {} offsets {}..={}{}{}",
             target.dlq,
             request.partition,
             request.from_offset,
-            request.to_offset,
+            last,
+            if request.to_offset > last {
+                format!(
+                    " (asked up to {}; the partition ended there)",
+                    request.to_offset
+                )
+            } else {
+                String::new()
+            },
             request
                 .endpoint
                 .as_ref()

@@ -104,6 +104,7 @@ pub(super) fn run(args: &ReplayArgs) -> ExitCode {
                 "partition": request.partition,
                 "from_offset": request.from_offset,
                 "to_offset": request.to_offset,
+                "last_offset": s.last_offset,
                 "scanned": s.scanned,
                 "replayed": s.replayed,
                 "filtered": s.filtered,

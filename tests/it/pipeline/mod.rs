@@ -465,10 +465,11 @@ async fn a_dlq_range_replays_with_the_replay_header(on: On) {
         dlq: p.config.kafka.topics.dlq.clone(),
         deliveries: p.config.kafka.topics.deliveries.clone(),
     };
+    // The dry run asks beyond the partition's end: it reads what is there, and says so.
     let mut request = hookline::replay::ReplayRequest {
         partition,
         from_offset: offset,
-        to_offset: offset,
+        to_offset: offset + 50,
         endpoint: Some(endpoint.clone()),
         actor: "oncall".into(),
         reason: "receiver fixed".into(),
@@ -481,6 +482,8 @@ async fn a_dlq_range_replays_with_the_replay_header(on: On) {
     .await
     .expect("dry run");
     assert_eq!((dry.scanned, dry.replayed, seen), (1, 1, 1));
+    assert_eq!(dry.last_offset, offset);
+    request.to_offset = offset;
     request.dry_run = false;
     let done =
         hookline::replay::replay(&target, &request, p.handles.store.as_ref(), &mut |_, _| {})
@@ -509,9 +512,23 @@ async fn a_dlq_range_replays_with_the_replay_header(on: On) {
         ("oncall", 1, false)
     );
     assert!(
-        audits
-            .iter()
-            .any(|a| a.replay_id == dry.replay_id && a.dry_run)
+        audit
+            .scope
+            .ends_with(&format!("offsets {offset}..={offset}, endpoint {endpoint}")),
+        "{}",
+        audit.scope
+    );
+    let dry_audit = audits
+        .iter()
+        .find(|a| a.replay_id == dry.replay_id && a.dry_run)
+        .expect("the dry run is audited");
+    let asked = offset + 50;
+    assert!(
+        dry_audit.scope.contains(&format!(
+            "offsets {offset}..={offset} (asked up to {asked}; the partition ended there)"
+        )),
+        "{}",
+        dry_audit.scope
     );
     let store = p.handles.store.as_ref();
     let refusal = move |target: hookline::replay::ReplayTarget, request| async move {
