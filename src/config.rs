@@ -321,6 +321,9 @@ impl RetryConfig {
     }
 }
 
+/// Longest accepted `delivery.breaker_cooldown`.
+const MAX_BREAKER_COOLDOWN: Duration = Duration::from_secs(3600);
+
 /// `[delivery]`: plain numbers; the lane and breaker types read them.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -329,9 +332,11 @@ pub struct DeliveryConfig {
     pub max_in_flight: u32,
     /// Records held in memory per deliveries partition (in flight or queued in lanes).
     pub partition_max_in_flight: u32,
-    /// Consecutive failures that open an endpoint's breaker.
+    /// Consecutive failures that open an endpoint's breaker (it also opens when half or more
+    /// of the last 20 attempts failed, once there are 10).
     pub breaker_failure_threshold: u32,
-    /// How long an open breaker waits before admitting one probe.
+    /// How long an open breaker waits before admitting one probe; each failed probe doubles
+    /// it, up to the breaker's maximum (5 minutes).
     #[serde(deserialize_with = "duration")]
     pub breaker_cooldown: Duration,
     /// An endpoint whose lane is full and has not finished one request for this long is
@@ -892,6 +897,15 @@ impl Config {
             return Err(invalid(
                 "delivery.breaker_cooldown",
                 "= \"0s\" must be greater than zero",
+            ));
+        }
+        if d.breaker_cooldown > MAX_BREAKER_COOLDOWN {
+            return Err(invalid(
+                "delivery.breaker_cooldown",
+                format!(
+                    "= \"{}\" must be at most 1h: records for an open breaker wait that long",
+                    humantime::format_duration(d.breaker_cooldown)
+                ),
             ));
         }
         if d.stall_after.is_zero() {
@@ -1656,6 +1670,10 @@ mod tests {
             (
                 "[delivery]\nbreaker_cooldown = \"0s\"",
                 "delivery.breaker_cooldown = \"0s\" must be greater than zero",
+            ),
+            (
+                "[delivery]\nbreaker_cooldown = \"2h\"",
+                "delivery.breaker_cooldown = \"2h\" must be at most 1h",
             ),
             (
                 "[delivery]\nstall_after = \"0s\"",

@@ -257,11 +257,7 @@ pub async fn start(
         let consumer = stage_consumer(config, &k.group("deliver"), "deliver", kafka::HOT_FETCH)?;
         consumer.subscribe(&[k.topics.deliveries.as_str()])?;
         let lanes = LanesConfig {
-            breaker: crate::breaker::BreakerConfig {
-                failure_threshold: config.delivery.breaker_failure_threshold,
-                cool_down: config.delivery.breaker_cooldown,
-                ..crate::breaker::BreakerConfig::default()
-            },
+            breaker: breaker_config(&config.delivery),
             ..LanesConfig::default()
         };
         let deps = Arc::new(DeliverDeps {
@@ -312,6 +308,19 @@ pub async fn prepare_topics(config: &Config) -> Result<(), ServiceError> {
     Ok(())
 }
 
+/// The breakers' settings from `[delivery]`. A failed probe doubles the cool-down up to the
+/// breaker's maximum (5 minutes), or up to `breaker_cooldown` itself when that is longer: a
+/// longer configured cool-down is kept as given, never cut to the default maximum.
+pub fn breaker_config(delivery: &crate::config::DeliveryConfig) -> crate::breaker::BreakerConfig {
+    let default = crate::breaker::BreakerConfig::default();
+    crate::breaker::BreakerConfig {
+        failure_threshold: delivery.breaker_failure_threshold,
+        cool_down: delivery.breaker_cooldown,
+        max_cool_down: default.max_cool_down.max(delivery.breaker_cooldown),
+        ..default
+    }
+}
+
 /// Installs the Prometheus listener.
 pub fn install_metrics(config: &Config) -> Result<(), ServiceError> {
     crate::telemetry::install(config.metrics.listen).map_err(|e| ServiceError::Metrics {
@@ -331,6 +340,22 @@ pub fn install_metrics(config: &Config) -> Result<(), ServiceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_configured_cool_down_is_kept_and_grows_to_five_minutes_or_itself() {
+        let mut config = Config::default();
+        config.delivery.breaker_cooldown = Duration::from_secs(30);
+        let b = breaker_config(&config.delivery);
+        assert!(b.validate().is_ok());
+        assert_eq!(b.cool_down_after(1), Duration::from_secs(30));
+        assert_eq!(b.cool_down_after(2), Duration::from_secs(60));
+        assert_eq!(b.cool_down_after(9), Duration::from_secs(300));
+        config.delivery.breaker_cooldown = Duration::from_secs(600);
+        let b = breaker_config(&config.delivery);
+        assert!(b.validate().is_ok());
+        assert_eq!(b.cool_down_after(1), Duration::from_secs(600));
+        assert_eq!(b.cool_down_after(3), Duration::from_secs(600));
+    }
 
     fn partitions_of(config: &Config, topic: &str) -> i32 {
         topic_specs(config)
