@@ -285,10 +285,7 @@ pub async fn replay(
     store: &dyn DeliveryStore,
     progress: &mut dyn Progress,
 ) -> Result<ReplaySummary, ReplayError> {
-    check(target, request)
-        .await?
-        .run(target, request, store, progress)
-        .await
+    check(target, request).await?.run(store, progress).await
 }
 
 /// A replay whose range the brokers confirmed, with its DLQ consumer assigned to the first
@@ -296,7 +293,9 @@ pub async fn replay(
 /// partition or offset is named at once even when the store would take its whole start-up
 /// wait to answer, and the audit entry's store is known to open before anything is
 /// republished.
-pub struct Checked {
+pub struct Checked<'a> {
+    target: &'a ReplayTarget,
+    request: &'a ReplayRequest,
     consumer: BaseConsumer,
     /// The last offset to read: `to_offset`, or the partition's last record if that is lower.
     last: i64,
@@ -306,7 +305,10 @@ pub struct Checked {
 
 /// Checks `request` locally ([`ReplayRequest::validate`]), then with the brokers: the DLQ topic
 /// and partition exist and hold `from_offset`.
-pub async fn check(target: &ReplayTarget, request: &ReplayRequest) -> Result<Checked, ReplayError> {
+pub async fn check<'a>(
+    target: &'a ReplayTarget,
+    request: &'a ReplayRequest,
+) -> Result<Checked<'a>, ReplayError> {
     request.validate()?;
     let group = format!("hookline-replay-{}", uuid::Uuid::new_v4().simple());
     let kafka = |action: String| kafka_failure(target, action);
@@ -344,6 +346,8 @@ pub async fn check(target: &ReplayTarget, request: &ReplayRequest) -> Result<Che
     .and_then(|()| consumer.assign(&tpl))
     .map_err(kafka(reading(target, request)))?;
     Ok(Checked {
+        target,
+        request,
         consumer,
         last,
         total,
@@ -355,17 +359,16 @@ fn reading(target: &ReplayTarget, request: &ReplayRequest) -> String {
     format!("reading {} partition {}", target.dlq, request.partition)
 }
 
-impl Checked {
+impl Checked<'_> {
     /// Republishes the checked range (unless a dry run) and records the audit entry in `store`.
-    /// `target` and `request` are the ones given to [`check`].
     pub async fn run(
         self,
-        target: &ReplayTarget,
-        request: &ReplayRequest,
         store: &dyn DeliveryStore,
         progress: &mut dyn Progress,
     ) -> Result<ReplaySummary, ReplayError> {
         let Checked {
+            target,
+            request,
             consumer,
             last,
             total,

@@ -87,7 +87,7 @@ pub(super) fn run(args: &ReplayArgs) -> ExitCode {
             }
         };
         checked
-            .run(&target, &request, store.as_ref(), &mut progress)
+            .run(store.as_ref(), &mut progress)
             .await
             .map_err(|e| e.to_string())
     });
