@@ -7,7 +7,8 @@
 //! mistyped field) is 422 `invalid` naming the field.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 use serde_json::error::Category;
@@ -68,10 +69,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let path = e.path().to_string();
         let inner = e.into_inner();
         match inner.classify() {
-            Category::Data => {
-                let field = if path == "." { "body".to_owned() } else { path };
-                ApiError::invalid(field, inner.to_string())
-            }
+            Category::Data => shape_error(&path, "body", inner),
             Category::Syntax | Category::Eof | Category::Io => {
                 ApiError::BadRequest(format!("the body is not valid JSON: {inner}"))
             }
@@ -85,11 +83,32 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 /// Deserialises an already-parsed JSON value as `T`, with the same error mapping as [`parse`]
 /// (every failure of a value is a shape failure: 422 naming the field).
 pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." { "body".to_owned() } else { path };
-        ApiError::invalid(field, e.into_inner().to_string())
-    })
+    serde_path_to_error::deserialize(value)
+        .map_err(|e| shape_error(&e.path().to_string(), "body", e.into_inner()))
+}
+
+/// A 422 for a value of the wrong shape at `path` (serde_path_to_error's form; `.` is the
+/// whole of it, named `whole`).
+fn shape_error(path: &str, whole: &str, error: impl std::fmt::Display) -> ApiError {
+    let field = if path == "." { whole } else { path };
+    ApiError::invalid(field, error.to_string())
+}
+
+/// A query string deserialised into `T`, failures mapped as a body's fields are: an unknown,
+/// repeated or mistyped parameter is 422 `invalid` naming it.
+#[derive(Debug, Clone)]
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let raw = parts.uri.query().unwrap_or_default();
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(raw.as_bytes()));
+        serde_path_to_error::deserialize(de)
+            .map(ApiQuery)
+            .map_err(|e| shape_error(&e.path().to_string(), "query", e.into_inner()))
+    }
 }
 
 /// A JSON object whose keys are unique: a repeated key is refused as the typed requests refuse

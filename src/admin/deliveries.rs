@@ -11,8 +11,8 @@
 //! whose deliveries have not been attempted yet has no rows.
 
 use axum::Json;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
 
 use crate::id::{DeliveryId, EndpointId, EventId};
@@ -20,7 +20,8 @@ use crate::storage::{AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, 
 
 use super::AdminState;
 use super::auth::Caller;
-use super::endpoints::{limit, path, query, short, time};
+use super::body::ApiQuery;
+use super::endpoints::{limit, path, short, time};
 use super::error::ApiError;
 
 /// Default page size of an endpoint's history.
@@ -241,10 +242,10 @@ pub async fn by_endpoint(
     State(state): State<AdminState>,
     caller: Caller,
     id: Result<Path<String>, PathRejection>,
-    q: Result<Query<HistoryParams>, QueryRejection>,
+    q: Result<ApiQuery<HistoryParams>, ApiError>,
 ) -> Result<Json<DeliveryList>, ApiError> {
     let raw = path(id)?;
-    let params = query(q)?;
+    let ApiQuery(params) = q?;
     let not_found = || ApiError::NotFound(format!("endpoint {} not found", short(&raw)));
     let Ok(id) = EndpointId::parse(raw.as_str()) else {
         return Err(not_found());

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::Json;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
@@ -32,7 +32,7 @@ use crate::subscription::parse_filters;
 
 use super::AdminState;
 use super::auth::Caller;
-use super::body::{self, ApiJson, JsonBytes, OptionalJson, UniqueObject};
+use super::body::{self, ApiJson, ApiQuery, JsonBytes, OptionalJson, UniqueObject};
 use super::error::{ApiError, filter_error};
 
 /// Default page size of `GET /v1/endpoints`.
@@ -226,34 +226,13 @@ pub(super) fn limit(raw: Option<&str>, default: usize, max: usize) -> Result<usi
     }
 }
 
-/// A query string that does not fit `T` (an unknown or repeated parameter) is 422 `invalid`
-/// naming it, as an unknown or repeated body field is.
-pub(super) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(t)| t).map_err(|e| {
-        let text = e.body_text();
-        let reason = text
-            .strip_prefix("Failed to deserialize query string: ")
-            .unwrap_or(&text);
-        // axum puts the parameter's name first (`tenat: unknown field ...`) when it knows it.
-        match reason.split_once(": ") {
-            Some((name, rest))
-                if !name.is_empty()
-                    && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
-            {
-                ApiError::invalid(name, rest)
-            }
-            _ => ApiError::invalid("query", reason),
-        }
-    })
-}
-
 /// `GET /v1/endpoints?tenant=&cursor=&limit=`.
 pub async fn list(
     State(state): State<AdminState>,
     caller: Caller,
-    q: Result<Query<ListParams>, QueryRejection>,
+    q: Result<ApiQuery<ListParams>, ApiError>,
 ) -> Result<Json<EndpointList>, ApiError> {
-    let params = query(q)?;
+    let ApiQuery(params) = q?;
     let limit = limit(params.limit.as_deref(), DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)?;
     let tenant = match params.tenant {
         Some(t) => Some(Tenant::parse(t).map_err(|e| ApiError::invalid("tenant", e.to_string()))?),
