@@ -132,6 +132,12 @@ impl Stopped {
     }
 }
 
+/// How long a signalled process waits for its tasks: an attempt's HTTP timeout, plus time to
+/// log it, park what is queued and commit.
+fn drain_deadline(config: &Config) -> Duration {
+    config.http.total_timeout + Duration::from_secs(10)
+}
+
 /// Exit status after a second signal (128 + SIGINT, as shells report an interrupted command).
 const ABANDONED_EXIT: u8 = 130;
 
@@ -309,7 +315,7 @@ pub(super) fn dev(args: &DevArgs) -> ExitCode {
         );
         println!("  token:      {token}");
         println!("  Ctrl-C stops it.");
-        let deadline = config.http.total_timeout + Duration::from_secs(10);
+        let deadline = drain_deadline(&config);
         Ok::<_, ServiceError>(serve_until_signal(signals(), shutdown, tasks, deadline).await)
     });
     if let Ok(Stopped::Abandoned) = result {
@@ -345,7 +351,7 @@ pub(super) fn run(args: &RunArgs) -> ExitCode {
         let handles = service::start(&config, args.role, &shutdown, &tasks).await?;
         super::admin_hook::serve(&config, admin_listener, &handles, &shutdown, &tasks).await?;
         tracing::info!(role = ?args.role, admin = %config.admin.listen, metrics = %config.metrics.listen, "hookline is running");
-        let deadline = config.http.total_timeout + Duration::from_secs(10);
+        let deadline = drain_deadline(&config);
         Ok::<_, ServiceError>(serve_until_signal(signals(), shutdown, tasks, deadline).await)
     });
     match result {
