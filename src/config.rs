@@ -335,8 +335,8 @@ pub struct DeliveryConfig {
     /// Consecutive failures that open an endpoint's breaker (it also opens when half or more
     /// of the last 20 attempts failed, once there are 10).
     pub breaker_failure_threshold: u32,
-    /// How long an open breaker waits before admitting one probe; each failed probe doubles
-    /// it, up to the breaker's maximum (5 minutes).
+    /// How long an open breaker waits before admitting one probe (at most 1 h); each failed
+    /// probe doubles it, up to 5 minutes or this value if longer.
     #[serde(deserialize_with = "duration")]
     pub breaker_cooldown: Duration,
     /// An endpoint whose lane is full and has not finished one request for this long is
