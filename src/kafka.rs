@@ -42,6 +42,19 @@ pub enum KafkaError {
         /// What the broker said.
         detail: String,
     },
+    /// No broker of `bootstrap.servers` answered a metadata request in time.
+    #[error(
+        "no Kafka broker at {bootstrap} answered within {} s; check kafka.bootstrap_servers, \
+         that the brokers are up and reachable from here, and the [kafka.client] security \
+         settings",
+        .waited.as_secs()
+    )]
+    Unreachable {
+        /// The configured bootstrap servers.
+        bootstrap: String,
+        /// How long the probe waited.
+        waited: Duration,
+    },
     /// The embedded mock cluster could not start.
     #[error("embedded kafka (librdkafka mock cluster) failed to start: {0}")]
     Embedded(String),
@@ -203,6 +216,8 @@ pub async fn ensure_topics(
             }
         })
         .collect();
+    tracing::info!(bootstrap, "connecting to kafka");
+    probe_cluster(&admin, bootstrap)?;
     tracing::info!(bootstrap, topics = specs.len(), "creating missing topics");
     // Without a request timeout an unreachable cluster makes this wait forever, silently.
     let opts = AdminOptions::new()
@@ -228,6 +243,30 @@ pub async fn ensure_topics(
         }
     }
     wait_for_leaders(&admin, specs).await
+}
+
+/// How long start-up waits for any broker to answer before it gives up with
+/// [`KafkaError::Unreachable`]. A reachable cluster answers in well under a second; waiting
+/// out the topic creation's own 30 s timeout only delayed the same failure.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks the cluster for its id (a metadata request that names no topic, so nothing is
+/// auto-created and the answer stays small on a large cluster).
+fn probe_cluster(
+    admin: &AdminClient<DefaultClientContext>,
+    bootstrap: &str,
+) -> Result<(), KafkaError> {
+    let answered = tokio::task::block_in_place(|| admin.inner().fetch_cluster_id(PROBE_TIMEOUT));
+    match answered {
+        Some(id) => {
+            tracing::debug!(bootstrap, cluster_id = %id, "kafka answered");
+            Ok(())
+        }
+        None => Err(KafkaError::Unreachable {
+            bootstrap: bootstrap.to_owned(),
+            waited: PROBE_TIMEOUT,
+        }),
+    }
 }
 
 /// Waits until every partition of `specs` has a leader: a freshly created topic answers "not

@@ -243,6 +243,41 @@ async fn dev_reports_an_address_in_use_first_and_alone() {
     );
 }
 
+/// `run` pointed at a port where no broker listens says which address it tried and what to
+/// check, and exits 1 (well within `run_to_end`'s 30 s: the topic creation alone used to wait
+/// that long before failing).
+#[tokio::test]
+async fn run_without_a_broker_names_the_bootstrap_and_exits() {
+    let nobody = format!("127.0.0.1:{}", free_port());
+    let (admin, metrics) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let (code, stderr) = run_to_end(
+        &["run", "--config", "/dev/null", "--role", "all"],
+        &[
+            ("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", nobody.as_str()),
+            ("HOOKLINE_ADMIN__LISTEN", admin.as_str()),
+            ("HOOKLINE_METRICS__LISTEN", metrics.as_str()),
+            (
+                "HOOKLINE_SECURITY__MASTER_KEY",
+                "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(1), "{stderr}");
+    let want = format!(
+        "error: no Kafka broker at {nobody} answered within 10 s; check \
+         kafka.bootstrap_servers"
+    );
+    assert!(stderr.contains(&want), "want {want:?}, got:\n{stderr}");
+    assert!(
+        !stderr.contains("AAAAAAAA"),
+        "the master key is a secret:\n{stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_ends_the_drain_at_once() {
     let (admin, metrics) = (free_port(), free_port());
