@@ -114,6 +114,17 @@ pub enum ReplayError {
         /// librdkafka's error.
         source: KafkaError,
     },
+    /// Something answered at the address, but refused the metadata request as no broker's
+    /// client listener does: a KRaft controller listener, typically.
+    #[error(
+        "{bootstrap} answered, but not as a Kafka broker's client listener (it refused a \
+         metadata request as unsupported; a KRaft controller listener does): \
+         kafka.bootstrap_servers must name the brokers' client listeners"
+    )]
+    NotABrokerListener {
+        /// The bootstrap servers tried.
+        bootstrap: String,
+    },
     /// The brokers do not know the DLQ topic.
     #[error("DLQ topic {topic} does not exist at {bootstrap} (kafka.topics.dlq names it)")]
     NoDlqTopic {
@@ -214,6 +225,10 @@ fn check_partition(
                 ReplayError::Unreachable {
                     bootstrap: target.bootstrap.clone(),
                     source,
+                }
+            } else if source.rdkafka_error_code() == Some(RDKafkaErrorCode::UnsupportedFeature) {
+                ReplayError::NotABrokerListener {
+                    bootstrap: target.bootstrap.clone(),
                 }
             } else {
                 metadata_error(source)

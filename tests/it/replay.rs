@@ -4,7 +4,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use crate::services::fixture::{Topics, require_kafka, unique};
+use crate::services::fixture::{Topics, require_kafka, require_kafka_controller, unique};
 use crate::support::hookline_bin;
 
 /// Nothing listens here: a connection attempt would wait for its timeout (60 s for the store).
@@ -123,10 +123,9 @@ async fn wrong_arguments_are_named_before_any_server_is_contacted() {
     futures::future::join_all(runs).await;
 }
 
-/// A broker that does not answer is named, with what to check, instead of librdkafka's bare
-/// `AllBrokersDown`.
-#[tokio::test]
-async fn an_unreachable_kafka_is_named() {
+/// Runs a replay of partition 0 with the in-memory store and Kafka at `kafka`, asserts that it
+/// failed, and returns its stderr.
+async fn failed_replay_of_partition_0(kafka: &str) -> String {
     let out = tokio::process::Command::new(hookline_bin())
         .arg("replay")
         .args(replay_args(
@@ -137,17 +136,39 @@ async fn an_unreachable_kafka_is_named() {
             "fixed",
         ))
         .env("HOOKLINE_STORE__KIND", "memory")
-        .env("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", NOWHERE)
+        .env("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", kafka)
         .env("HOOKLINE_LOG", "off")
         .kill_on_drop(true)
         .output()
         .await
         .expect("run hookline replay");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{stderr}");
+    stderr
+}
+
+/// A broker that does not answer is named, with what to check, instead of librdkafka's bare
+/// `AllBrokersDown`.
+#[tokio::test]
+async fn an_unreachable_kafka_is_named() {
+    let stderr = failed_replay_of_partition_0(NOWHERE).await;
     let expected = format!(
         "error: kafka at {NOWHERE} unreachable (is it running, and is kafka.bootstrap_servers right?)"
     );
+    assert!(
+        stderr.lines().any(|l| l.starts_with(&expected)),
+        "expected a line starting {expected:?} in:\n{stderr}"
+    );
+}
+
+/// Pointed at the controller listener instead of a broker's, replay says what that address is
+/// and what belongs in `kafka.bootstrap_servers`, not librdkafka's bare `UnsupportedFeature`.
+#[tokio::test]
+async fn a_controller_listener_is_named_as_not_a_broker() {
+    let controller = require_kafka_controller().await;
+    let stderr = failed_replay_of_partition_0(&controller).await;
+    let expected =
+        format!("error: {controller} answered, but not as a Kafka broker's client listener");
     assert!(
         stderr.lines().any(|l| l.starts_with(&expected)),
         "expected a line starting {expected:?} in:\n{stderr}"

@@ -40,6 +40,14 @@ pub async fn require_kafka() -> String {
     addr
 }
 
+/// The test broker's KRaft controller listener (`tests/services.d/kafka/server.properties`),
+/// once it answers: an address clients must not be given, for testing what they say when they are.
+pub async fn require_kafka_controller() -> String {
+    let addr = address("HOOKLINE_TEST_KAFKA_CONTROLLER", "127.0.0.1:9093");
+    require("Kafka's controller listener", &addr).await;
+    addr
+}
+
 /// Contact point of the CQL node (Cassandra here, ScyllaDB in production), once it answers.
 pub async fn require_cql() -> String {
     let addr = address("HOOKLINE_TEST_CQL", "127.0.0.1:9042");
