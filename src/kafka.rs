@@ -55,6 +55,12 @@ pub enum KafkaError {
         /// How long the probe waited.
         waited: Duration,
     },
+    /// Something answered at `bootstrap.servers`, but not as a broker's client listener.
+    #[error("{}", not_a_broker_listener(bootstrap))]
+    NotABrokerListener {
+        /// The configured bootstrap servers.
+        bootstrap: String,
+    },
     /// The embedded mock cluster could not start.
     #[error("embedded kafka (librdkafka mock cluster) failed to start: {0}")]
     Embedded(String),
@@ -245,6 +251,21 @@ pub async fn ensure_topics(
     wait_for_leaders(&admin, specs).await
 }
 
+/// The error for an address that answered, but refused a metadata request as unsupported: what
+/// a KRaft controller listener does when it is given to a client as a bootstrap server.
+pub fn not_a_broker_listener(bootstrap: &str) -> String {
+    format!(
+        "{bootstrap} answered, but not as a Kafka broker's client listener (it refused a metadata \
+         request as unsupported; a KRaft controller listener does): kafka.bootstrap_servers \
+         must name the brokers' client listeners"
+    )
+}
+
+/// Whether librdkafka's `e` says the address answered but is no broker's client listener.
+pub fn is_not_a_broker_listener(e: &rdkafka::error::KafkaError) -> bool {
+    e.rdkafka_error_code() == Some(RDKafkaErrorCode::UnsupportedFeature)
+}
+
 /// How long start-up waits for any broker to answer before it gives up with
 /// [`KafkaError::Unreachable`]. A reachable cluster answers in well under a second; waiting
 /// out the topic creation's own 30 s timeout only delayed the same failure.
@@ -262,10 +283,20 @@ fn probe_cluster(
             tracing::debug!(bootstrap, cluster_id = %id, "kafka answered");
             Ok(())
         }
-        None => Err(KafkaError::Unreachable {
-            bootstrap: bootstrap.to_owned(),
-            waited: PROBE_TIMEOUT,
-        }),
+        // No id: ask for the full metadata once, only to learn why (a controller listener
+        // refuses it at once); an answer now means the cluster was slow, and start-up goes on.
+        None => match tokio::task::block_in_place(|| {
+            admin.inner().fetch_metadata(None, Duration::from_secs(2))
+        }) {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_a_broker_listener(&e) => Err(KafkaError::NotABrokerListener {
+                bootstrap: bootstrap.to_owned(),
+            }),
+            Err(_) => Err(KafkaError::Unreachable {
+                bootstrap: bootstrap.to_owned(),
+                waited: PROBE_TIMEOUT,
+            }),
+        },
     }
 }
 

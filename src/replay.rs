@@ -114,13 +114,8 @@ pub enum ReplayError {
         /// librdkafka's error.
         source: KafkaError,
     },
-    /// Something answered at the address, but refused the metadata request as no broker's
-    /// client listener does: a KRaft controller listener, typically.
-    #[error(
-        "{bootstrap} answered, but not as a Kafka broker's client listener (it refused a \
-         metadata request as unsupported; a KRaft controller listener does): \
-         kafka.bootstrap_servers must name the brokers' client listeners"
-    )]
+    /// Something answered at the address, but not as a broker's client listener.
+    #[error("{}", crate::kafka::not_a_broker_listener(bootstrap))]
     NotABrokerListener {
         /// The bootstrap servers tried.
         bootstrap: String,
@@ -226,7 +221,7 @@ fn check_partition(
                     bootstrap: target.bootstrap.clone(),
                     source,
                 }
-            } else if source.rdkafka_error_code() == Some(RDKafkaErrorCode::UnsupportedFeature) {
+            } else if crate::kafka::is_not_a_broker_listener(&source) {
                 ReplayError::NotABrokerListener {
                     bootstrap: target.bootstrap.clone(),
                 }

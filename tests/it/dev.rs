@@ -243,12 +243,9 @@ async fn dev_reports_an_address_in_use_first_and_alone() {
     );
 }
 
-/// `run` pointed at a port where no broker listens says which address it tried and what to
-/// check, and exits 1 (well within `run_to_end`'s 30 s: the topic creation alone used to wait
-/// that long before failing).
-#[tokio::test]
-async fn run_without_a_broker_names_the_bootstrap_and_exits() {
-    let nobody = format!("127.0.0.1:{}", free_port());
+/// Runs `hookline run --role all` with Kafka at `bootstrap` (free admin and metrics ports, a
+/// master key), expects exit status 1, and returns stderr, checked for the master key.
+async fn run_failing_against(bootstrap: &str) -> String {
     let (admin, metrics) = (
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
@@ -256,7 +253,7 @@ async fn run_without_a_broker_names_the_bootstrap_and_exits() {
     let (code, stderr) = run_to_end(
         &["run", "--config", "/dev/null", "--role", "all"],
         &[
-            ("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", nobody.as_str()),
+            ("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", bootstrap),
             ("HOOKLINE_ADMIN__LISTEN", admin.as_str()),
             ("HOOKLINE_METRICS__LISTEN", metrics.as_str()),
             (
@@ -267,15 +264,35 @@ async fn run_without_a_broker_names_the_bootstrap_and_exits() {
     )
     .await;
     assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        !stderr.contains("AAAAAAAA"),
+        "the master key is a secret:\n{stderr}"
+    );
+    stderr
+}
+
+/// `run` pointed at a port where no broker listens says which address it tried and what to
+/// check, and exits 1 (well within `run_to_end`'s 30 s: the topic creation alone used to wait
+/// that long before failing).
+#[tokio::test]
+async fn run_without_a_broker_names_the_bootstrap_and_exits() {
+    let nobody = format!("127.0.0.1:{}", free_port());
+    let stderr = run_failing_against(&nobody).await;
     let want = format!(
         "error: no Kafka broker at {nobody} answered within 10 s; check \
          kafka.bootstrap_servers"
     );
     assert!(stderr.contains(&want), "want {want:?}, got:\n{stderr}");
-    assert!(
-        !stderr.contains("AAAAAAAA"),
-        "the master key is a secret:\n{stderr}"
-    );
+}
+
+/// `run` given the test broker's controller listener says that address is no broker's client
+/// listener, as `replay` does.
+#[tokio::test]
+async fn run_given_a_controller_listener_names_it() {
+    let controller = crate::services::fixture::require_kafka_controller().await;
+    let stderr = run_failing_against(&controller).await;
+    let want = format!("error: {controller} answered, but not as a Kafka broker's client listener");
+    assert!(stderr.contains(&want), "want {want:?}, got:\n{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
