@@ -42,18 +42,16 @@ pub enum KafkaError {
         /// What the broker said.
         detail: String,
     },
-    /// No broker of `bootstrap.servers` answered a metadata request in time.
+    /// No broker of `bootstrap.servers` answered a metadata request within [`PROBE_TIMEOUT`].
     #[error(
         "no Kafka broker at {bootstrap} answered within {} s; check kafka.bootstrap_servers, \
          that the brokers are up and reachable from here, and the [kafka.client] security \
          settings",
-        .waited.as_secs()
+        PROBE_TIMEOUT.as_secs()
     )]
     Unreachable {
         /// The configured bootstrap servers.
         bootstrap: String,
-        /// How long the probe waited.
-        waited: Duration,
     },
     /// Something answered at `bootstrap.servers`, but not as a broker's client listener.
     #[error("{}", not_a_broker_listener(bootstrap))]
@@ -277,27 +275,24 @@ fn probe_cluster(
     admin: &AdminClient<DefaultClientContext>,
     bootstrap: &str,
 ) -> Result<(), KafkaError> {
-    let answered = tokio::task::block_in_place(|| admin.inner().fetch_cluster_id(PROBE_TIMEOUT));
-    match answered {
-        Some(id) => {
+    let client = admin.inner();
+    tokio::task::block_in_place(|| {
+        if let Some(id) = client.fetch_cluster_id(PROBE_TIMEOUT) {
             tracing::debug!(bootstrap, cluster_id = %id, "kafka answered");
-            Ok(())
+            return Ok(());
         }
         // No id: ask for the full metadata once, only to learn why (a controller listener
         // refuses it at once); an answer now means the cluster was slow, and start-up goes on.
-        None => match tokio::task::block_in_place(|| {
-            admin.inner().fetch_metadata(None, Duration::from_secs(2))
-        }) {
+        match client.fetch_metadata(None, Duration::from_secs(2)) {
             Ok(_) => Ok(()),
             Err(e) if is_not_a_broker_listener(&e) => Err(KafkaError::NotABrokerListener {
                 bootstrap: bootstrap.to_owned(),
             }),
             Err(_) => Err(KafkaError::Unreachable {
                 bootstrap: bootstrap.to_owned(),
-                waited: PROBE_TIMEOUT,
             }),
-        },
-    }
+        }
+    })
 }
 
 /// Waits until every partition of `specs` has a leader: a freshly created topic answers "not
