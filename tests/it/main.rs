@@ -4,6 +4,7 @@ mod cql_pipeline;
 mod cql_store;
 mod dev;
 mod helm;
+mod image;
 mod pipeline;
 mod readme;
 mod replay;
