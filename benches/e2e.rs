@@ -46,10 +46,10 @@
 //! produce request: at moderate rates about one per broker every `linger.ms` (5 ms by default
 //! since Kafka 4.0). librdkafka sends one request per partition, so by default the load
 //! generator writes one events partition with a 5 ms linger, which asks the broker for about as
-//! many requests as a Java producer would. (Over 12
-//! partitions with a 2 ms linger, as before, it sent one request per event: about 930 a second at
-//! 1,200 events/s, half of all the requests the broker served in the latency run.) The events
-//! topic's one partition is also what hookline advises for one fan-out instance.
+//! many requests as a Java producer would. (Over 12 partitions with a 2 ms linger, as before, it
+//! sent one request per event: about 930 a second at 1,200 events/s, half of all the requests
+//! the broker served in the latency run.) The events topic's one partition is also what hookline
+//! advises for one fan-out instance.
 //!
 //! Run with `cargo bench --bench e2e`; needs the Kafka of `tests/services up` (127.0.0.1:9092).
 //! The broker's CPU is read when the process listening on the bootstrap port runs here.
@@ -57,7 +57,7 @@
 //! `HOOKLINE_BENCH_ENDPOINTS` (10), `HOOKLINE_BENCH_PARTITIONS` (12), `HOOKLINE_BENCH_BODY`
 //! (delivered body bytes, 1024), `HOOKLINE_BENCH_STORE` (`memory` | `scylla`: the CQL store of
 //! `tests/services up`, keyspace `hookline`, migrated first),
-//! `HOOKLINE_BENCH_EVENT_PARTITIONS` (the events topic's, 1: see below),
+//! `HOOKLINE_BENCH_EVENT_PARTITIONS` (the events topic's, 1: see above),
 //! `HOOKLINE_BENCH_KAFKA` (bootstrap, 127.0.0.1:9092), `HOOKLINE_BENCH_LINGER_MS` (the load
 //! generator's linger, 5; hookline's own producers keep their default),
 //! `HOOKLINE_BENCH_MAX_IN_FLIGHT` (per endpoint, config default 16),
@@ -139,7 +139,10 @@ impl Settings {
             events,
             endpoints: env("HOOKLINE_BENCH_ENDPOINTS", 10usize).max(2),
             partitions: env("HOOKLINE_BENCH_PARTITIONS", 12u32),
-            event_partitions: env("HOOKLINE_BENCH_EVENT_PARTITIONS", 1u32).max(1),
+            event_partitions: match env("HOOKLINE_BENCH_EVENT_PARTITIONS", 1u32) {
+                0 => panic!("HOOKLINE_BENCH_EVENT_PARTITIONS must be 1 or more"),
+                n => n,
+            },
             body_bytes: env("HOOKLINE_BENCH_BODY", 1024usize),
             store: env("HOOKLINE_BENCH_STORE", "memory".to_owned()),
             kafka: env("HOOKLINE_BENCH_KAFKA", "127.0.0.1:9092".to_owned()),
