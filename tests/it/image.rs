@@ -1,5 +1,5 @@
-//! The container image `helm/image/build` makes, built with a real buildah (which `tests/run`
-//! installs) from the hookline binary under test: its config is what the chart in
+//! The container image `helm/image/build` makes, built with a real buildah (which
+//! `tests/services up` installs) from the hookline binary under test: its config is what the chart in
 //! `helm/hookline` expects (the default image name, user and group 65532, the entrypoint the
 //! chart's `args` follow, the ports), its one layer holds only the binary, the libraries it
 //! links and the user database, and the binary runs inside it as that user: it signs a message
@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
+
+use crate::support::hookline_bin;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -34,8 +36,9 @@ fn ok(out: Output, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-const NO_BUILDAH: &str = "The image test needs buildah: `tests/run` installs it (as root, with \
-                          apt-get), or install it yourself (apt-get install buildah)";
+const NO_BUILDAH: &str = "The image test needs buildah: `tests/run` (through `tests/services up`) \
+                          installs it as root with apt-get, or install it yourself \
+                          (apt-get install buildah)";
 
 /// buildah with the script's private storage, so the test sees the same store.
 fn buildah(args: &[&str]) -> Output {
@@ -95,7 +98,7 @@ impl Drop for Image {
 
 fn build() -> Image {
     let archive = root().join(format!("target/image/it-{}.tar", std::process::id()));
-    let binary = env!("CARGO_BIN_EXE_hookline");
+    let binary = hookline_bin();
     ok(
         run(
             "helm/image/build",
@@ -239,7 +242,7 @@ fn the_image_runs_hookline_as_the_charts_user() {
         "{\"image\":true}",
     ];
     let outside = ok(
-        run(env!("CARGO_BIN_EXE_hookline"), &sign, "the test binary"),
+        run(hookline_bin(), &sign, "the test binary"),
         "hookline sign on the host",
     );
     let inside = ok(
