@@ -68,12 +68,14 @@
 //! default), `HOOKLINE_BENCH_SWEEP` (above), `HOOKLINE_BENCH_ISOLATION_EVENTS` (as many as the
 //! throughput run), `HOOKLINE_BENCH_PHASE_S` (deadline of each delivery phase, 60),
 //! `HOOKLINE_BENCH_LOG` (a tracing filter, e.g. `hookline=info`), `HOOKLINE_BENCH_LATENCY_DUMP`
-//! (a file to write every measured delivery to: hand-over time, latency, endpoint, partition;
-//! for finding when and where a run's tail happened), `HOOKLINE_BENCH_TIMELINE` (a file to write
+//! (a file to write every measured delivery to: hand-over time, latency, endpoint, partition,
+//! and when the fan-out produced its delivery record, read back from the deliveries topic; for
+//! finding when and where a run's tail happened, and on which side of the fan-out), `HOOKLINE_BENCH_TIMELINE` (a file to write
 //! each endpoint's delivered count to every 100 ms, from the throughput run to the end: for
 //! seeing whether the stages serve their partitions side by side or one after another),
 //! `HOOKLINE_BENCH_WORKERS` (the tokio runtime's worker threads; one per core by default).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -508,23 +510,116 @@ fn spawn_timeline(
 }
 
 /// Writes one line per measured delivery, in arrival order: the event's hand-over to the
-/// producer (µs since the epoch), its latency (µs), the endpoint and its deliveries partition.
+/// producer (µs since the epoch), its latency (µs), the endpoint, its deliveries partition, and
+/// when the fan-out produced its delivery record (the record's timestamp, ms since the epoch;
+/// `-` if it was not read back). The last column splits the latency in two: hand-over to
+/// fan-out (load generator, broker, fan-out stage) and fan-out to arrival (hookline's producer,
+/// broker, delivery stage, HTTP).
 fn dump_latencies(
     path: &str,
     arrivals: &[(u64, u64, usize)],
     created: impl Fn(u64) -> Option<u64>,
     partitions: &[i32],
+    fanned_out: &HashMap<(u64, usize), i64>,
 ) {
     use std::io::Write;
     let mut out = dump_file("HOOKLINE_BENCH_LATENCY_DUMP", path);
-    let _ = writeln!(out, "created_us latency_us endpoint partition");
+    let _ = writeln!(
+        out,
+        "created_us latency_us endpoint partition fanned_out_ms"
+    );
+    let (mut before, mut after) = (Vec::new(), Vec::new());
     for &(seq, at, endpoint) in arrivals {
         if let Some(made) = created(seq) {
             let p = partitions.get(endpoint).copied().unwrap_or(-1);
-            let _ = writeln!(out, "{made} {} {endpoint} {p}", at.saturating_sub(made));
+            let latency = at.saturating_sub(made);
+            match fanned_out.get(&(seq, endpoint)) {
+                Some(&ms) => {
+                    let fanned_us = u64::try_from(ms).unwrap_or(0) * 1000;
+                    before.push(fanned_us.saturating_sub(made));
+                    after.push(at.saturating_sub(fanned_us));
+                    let _ = writeln!(out, "{made} {latency} {endpoint} {p} {ms}");
+                }
+                None => {
+                    let _ = writeln!(out, "{made} {latency} {endpoint} {p} -");
+                }
+            }
         }
     }
     eprintln!("bench: latencies written to {path}");
+    if !before.is_empty() {
+        before.sort_unstable();
+        after.sort_unstable();
+        let ms = |v: &[u64], q| percentile(v, q) as f64 / 1000.0;
+        eprintln!(
+            "bench: p50 / p99 (ms), hand-over to fan-out {:.1} / {:.1}, fan-out to arrival \
+             {:.1} / {:.1} ({} deliveries; the fan-out time has ms resolution)",
+            ms(&before, 0.5),
+            ms(&before, 0.99),
+            ms(&after, 0.5),
+            ms(&after, 0.99),
+            before.len()
+        );
+    }
+}
+
+/// A consumer (group `group`, no commits) assigned every deliveries partition from its start.
+fn deliveries_reader(config: &Config, group: &str) -> rdkafka::consumer::BaseConsumer {
+    use rdkafka::consumer::BaseConsumer;
+    let consumer: BaseConsumer =
+        client_config(&config.kafka.bootstrap_servers, &config.kafka.client)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("deliveries reader");
+    let topic = &config.kafka.topics.deliveries;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..config.kafka.partitions {
+        tpl.add_partition_offset(topic, p as i32, rdkafka::Offset::Beginning)
+            .expect("partition offset");
+    }
+    consumer.assign(&tpl).expect("assign the deliveries topic");
+    consumer
+}
+
+/// When the fan-out produced each delivery record of the events `first..first + n`: the
+/// record's timestamp (ms since the epoch) by (event sequence, endpoint index), read back from
+/// the deliveries topic. For the latency dump only; reading stops once every record is found
+/// or nothing new came for 2 s.
+fn fanned_out_times(
+    config: &Config,
+    ids: &[String],
+    first: u64,
+    n: u64,
+) -> HashMap<(u64, usize), i64> {
+    use hookline::record::DeliveryRecord;
+    use rdkafka::Message;
+    let consumer = deliveries_reader(config, "bench-fanned-out");
+    let expected = usize::try_from(n)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(ids.len());
+    let mut found = HashMap::with_capacity(expected);
+    let mut last_new = Instant::now();
+    while found.len() < expected && last_new.elapsed() < Duration::from_secs(2) {
+        let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        last_new = Instant::now();
+        let Ok(record) = DeliveryRecord::from_message(&m) else {
+            continue;
+        };
+        let seq = record
+            .event_id
+            .as_str()
+            .strip_prefix('l')
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|seq| (first..first + n).contains(seq));
+        let endpoint = ids.iter().position(|id| id == record.endpoint_id.as_str());
+        if let (Some(seq), Some(endpoint), Some(ms)) = (seq, endpoint, m.timestamp().to_millis()) {
+            found.insert((seq, endpoint), ms);
+        }
+    }
+    found
 }
 
 /// A delivery phase's result: count reached, seconds taken, and the steady rate between 10%
@@ -668,20 +763,7 @@ async fn migrate_store(config: &Config) {
 /// records (keyed by endpoint id), so it is whatever hookline's producer chose.
 fn endpoint_partitions(config: &Config, ids: &[String]) -> Vec<i32> {
     use rdkafka::Message;
-    use rdkafka::consumer::BaseConsumer;
-    let consumer: BaseConsumer =
-        client_config(&config.kafka.bootstrap_servers, &config.kafka.client)
-            .set("group.id", "bench-partitions")
-            .set("enable.auto.commit", "false")
-            .create()
-            .expect("partition reader");
-    let topic = &config.kafka.topics.deliveries;
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for p in 0..config.kafka.partitions {
-        tpl.add_partition_offset(topic, p as i32, rdkafka::Offset::Beginning)
-            .expect("partition offset");
-    }
-    consumer.assign(&tpl).expect("assign the deliveries topic");
+    let consumer = deliveries_reader(config, "bench-partitions");
     let mut found: Vec<Option<i32>> = vec![None; ids.len()];
     let deadline = Instant::now() + Duration::from_secs(20);
     while found.iter().any(Option::is_none) && Instant::now() < deadline {
@@ -1010,6 +1092,8 @@ impl Report {
 /// endpoint, and the local broker's pid (for its CPU).
 struct Paced<'a> {
     s: &'a Settings,
+    config: &'a Config,
+    ids: &'a [String],
     rx: &'a Receiver,
     producer: &'a FutureProducer,
     topic: &'a str,
@@ -1121,7 +1205,14 @@ impl Paced<'_> {
         if let (Some(partitions), Ok(path)) =
             (partitions, std::env::var("HOOKLINE_BENCH_LATENCY_DUMP"))
         {
-            dump_latencies(&path, &arrivals, |seq| made(seq).copied(), partitions);
+            let fanned_out = fanned_out_times(self.config, self.ids, first, n);
+            dump_latencies(
+                &path,
+                &arrivals,
+                |seq| made(seq).copied(),
+                partitions,
+                &fanned_out,
+            );
         }
         lat.sort_unstable();
         let latency = (!lat.is_empty()).then(|| {
@@ -1268,6 +1359,8 @@ async fn run(s: Settings) -> Report {
     set_phase("latency");
     let paced = Paced {
         s: &s,
+        config: &config,
+        ids: &ids,
         rx: &rx,
         producer: &producer,
         topic: &topic,
