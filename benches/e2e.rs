@@ -70,9 +70,10 @@
 //! `HOOKLINE_BENCH_LOG` (a tracing filter, e.g. `hookline=info`), `HOOKLINE_BENCH_LATENCY_DUMP`
 //! (a file to write every measured delivery to: hand-over time, latency, endpoint, partition,
 //! and when the fan-out produced its delivery record, read back from the deliveries topic; for
-//! finding when and where a run's tail happened, and on which side of the fan-out), `HOOKLINE_BENCH_TIMELINE` (a file to write
-//! each endpoint's delivered count to every 100 ms, from the throughput run to the end: for
-//! seeing whether the stages serve their partitions side by side or one after another),
+//! finding when and where a run's tail happened, and on which side of the fan-out),
+//! `HOOKLINE_BENCH_TIMELINE` (a file to write each endpoint's delivered count to every 100 ms,
+//! from the throughput run to the end: for seeing whether the stages serve their partitions side
+//! by side or one after another),
 //! `HOOKLINE_BENCH_WORKERS` (the tokio runtime's worker threads; one per core by default).
 
 use std::collections::HashMap;

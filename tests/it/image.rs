@@ -1,7 +1,7 @@
 //! The container image `helm/image/build` makes, built with a real buildah (which
-//! `tests/services up` installs) from the hookline binary under test: its config is what the chart in
-//! `helm/hookline` expects (the default image name, user and group 65532, the entrypoint the
-//! chart's `args` follow, the ports), its one layer holds only the binary, the libraries it
+//! `tests/services up` installs) from the hookline binary under test: its config is what the
+//! chart in `helm/hookline` expects (the default image name, user and group 65532, the entrypoint
+//! the chart's `args` follow, the ports), its one layer holds only the binary, the libraries it
 //! links and the user database, and the binary runs inside it as that user: it signs a message
 //! exactly as the binary outside does and names the config file `run` was given but cannot read.
 
