@@ -40,20 +40,12 @@ const NO_BUILDAH: &str = "The image test needs buildah: `tests/run` (through `te
                           installs it as root with apt-get, or install it yourself \
                           (apt-get install buildah)";
 
-/// buildah with the script's private storage, so the test sees the same store.
+/// buildah on the script's private storage (`helm/image/build buildah ...`), so the test sees
+/// the images the script made.
 fn buildah(args: &[&str]) -> Output {
-    let work = root().join("target/image");
-    let (storage, runroot) = (work.join("storage"), work.join("run"));
-    let mut all = vec![
-        "--root",
-        storage.to_str().expect("utf-8 path"),
-        "--runroot",
-        runroot.to_str().expect("utf-8 path"),
-        "--storage-driver",
-        "vfs",
-    ];
+    let mut all = vec!["buildah"];
     all.extend_from_slice(args);
-    run("buildah", &all, NO_BUILDAH)
+    run("helm/image/build", &all, NO_BUILDAH)
 }
 
 /// One member of the image archive, as text.
@@ -92,9 +84,14 @@ impl Image {
 impl Drop for Image {
     fn drop(&mut self) {
         let _ = buildah(&["rm", &self.container]);
+        // The image `buildah from` pulled into the storage, so test runs do not pile up copies.
+        let _ = buildah(&["rmi", TAG]);
         let _ = std::fs::remove_file(&self.archive);
     }
 }
+
+/// The tag the test's image is built under.
+const TAG: &str = "hookline:it";
 
 fn build() -> Image {
     let archive = root().join(format!("target/image/it-{}.tar", std::process::id()));
@@ -106,7 +103,7 @@ fn build() -> Image {
                 "--binary",
                 binary,
                 "--tag",
-                "hookline:it",
+                TAG,
                 "--output",
                 archive.to_str().expect("utf-8 path"),
             ],
