@@ -103,7 +103,8 @@ async fn run(store: Arc<ScyllaStore>, concurrency: usize, length: Duration, next
             .unwrap_or_default()
     };
     println!(
-        "concurrency {concurrency:>3}: {:>7} attempts in {:>5.1}s = {:>7.0} attempts/s; latency p50 {:>6.1} ms, p99 {:>6.1} ms, max {:>6.1} ms; {errors} errors",
+        "concurrency {concurrency:>3}: {:>7} attempts in {:>5.1}s = {:>7.0} attempts/s; latency \
+         p50 {:>6.1} ms, p99 {:>6.1} ms, max {:>6.1} ms; {errors} errors",
         all.len(),
         elapsed.as_secs_f64(),
         all.len() as f64 / elapsed.as_secs_f64(),

@@ -339,7 +339,8 @@ async fn run(s: Settings) {
         load_average()
     );
     println!(
-        "| round | forwarded | early | late p50 / p99 / max (ms) | span (ms) | batches | CPU µs/record: bench / broker | machine busy |"
+        "| round | forwarded | early | late p50 / p99 / max (ms) | span (ms) | batches | \
+         CPU µs/record: bench / broker | machine busy |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     let mut failed = false;

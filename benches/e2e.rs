@@ -565,6 +565,7 @@ fn dump_latencies(
 }
 
 /// A consumer (group `group`, no commits) assigned every deliveries partition from its start.
+/// Its polls block, so callers on the runtime wrap their reads in `block_in_place`.
 fn deliveries_reader(config: &Config, group: &str) -> rdkafka::consumer::BaseConsumer {
     use rdkafka::consumer::BaseConsumer;
     let consumer: BaseConsumer =
@@ -1064,9 +1065,8 @@ impl Report {
         println!(
             "settings: events={} (isolation {}), endpoints={} (all subscribed to *), partitions={} \
              (events topic {}), delivered body={} B (asked {}), store={}, kafka={}, load generator \
-             linger.ms={}, max_in_flight/endpoint={}, \
-             http total timeout={:?}, raw: {} connections for {:?}, latency run {:?} after a {:?} warm-up, \
-             phase deadline {:?}",
+             linger.ms={}, max_in_flight/endpoint={}, http total timeout={:?}, raw: {} \
+             connections for {:?}, latency run {:?} after a {:?} warm-up, phase deadline {:?}",
             s.events,
             s.isolation_events,
             s.endpoints,
@@ -1206,7 +1206,8 @@ impl Paced<'_> {
         if let (Some(partitions), Ok(path)) =
             (partitions, std::env::var("HOOKLINE_BENCH_LATENCY_DUMP"))
         {
-            let fanned_out = fanned_out_times(self.config, self.ids, first, n);
+            let fanned_out =
+                tokio::task::block_in_place(|| fanned_out_times(self.config, self.ids, first, n));
             dump_latencies(
                 &path,
                 &arrivals,
@@ -1314,7 +1315,7 @@ async fn run(s: Settings) -> Report {
         warm_rate.delivered, e,
         "the warm-up event reached every endpoint"
     );
-    let partitions = endpoint_partitions(&config, &ids);
+    let partitions = tokio::task::block_in_place(|| endpoint_partitions(&config, &ids));
     eprintln!(
         "bench: pipeline warm; throughput run with {} events",
         s.events
