@@ -147,14 +147,13 @@ pub struct Config {
 }
 
 /// `[kafka]`. `Debug` shows secret `client` properties as `<redacted>`.
-#[derive(Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaConfig {
     /// `bootstrap.servers` for every client.
     pub bootstrap_servers: String,
     /// Extra rdkafka properties for every client (e.g. `security.protocol`), applied last.
-    #[serde(deserialize_with = "string_map")]
-    pub client: BTreeMap<String, String>,
+    pub client: ClientProperties,
     /// Partition count of the deliveries topic (and of the tier topics).
     pub partitions: u32,
     /// Partition count of the native events topic (`POST /v1/events`) when hookline creates
@@ -175,7 +174,7 @@ impl Default for KafkaConfig {
     fn default() -> Self {
         KafkaConfig {
             bootstrap_servers: "localhost:9092".into(),
-            client: BTreeMap::new(),
+            client: ClientProperties::default(),
             partitions: 12,
             events_partitions: None,
             topics: TopicsConfig::default(),
@@ -186,29 +185,56 @@ impl Default for KafkaConfig {
     }
 }
 
-impl fmt::Debug for KafkaConfig {
+/// rdkafka properties by name (`[kafka.client]`). `Debug` shows the values of secret ones
+/// ([`is_secret_client_property`]) as `<redacted>`, so a config, or anything holding these,
+/// can be logged whole.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ClientProperties(BTreeMap<String, String>);
+
+impl std::ops::Deref for ClientProperties {
+    type Target = BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ClientProperties {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl From<BTreeMap<String, String>> for ClientProperties {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        ClientProperties(map)
+    }
+}
+
+impl<'a> IntoIterator for &'a ClientProperties {
+    type Item = (&'a String, &'a String);
+    type IntoIter = std::collections::btree_map::Iter<'a, String, String>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl<'de> Deserialize<'de> for ClientProperties {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        string_map(d).map(ClientProperties)
+    }
+}
+
+impl fmt::Debug for ClientProperties {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let client: BTreeMap<&str, &str> = self
-            .client
-            .iter()
-            .map(|(k, v)| {
+        f.debug_map()
+            .entries(self.0.iter().map(|(k, v)| {
                 let shown = if is_secret_client_property(k) {
                     "<redacted>"
                 } else {
                     v.as_str()
                 };
-                (k.as_str(), shown)
-            })
-            .collect();
-        f.debug_struct("KafkaConfig")
-            .field("bootstrap_servers", &self.bootstrap_servers)
-            .field("client", &client)
-            .field("partitions", &self.partitions)
-            .field("events_partitions", &self.events_partitions)
-            .field("topics", &self.topics)
-            .field("input_topics", &self.input_topics)
-            .field("input_pattern", &self.input_pattern)
-            .field("group_prefix", &self.group_prefix)
+                (k, shown)
+            }))
             .finish()
     }
 }

@@ -2,7 +2,6 @@
 //! fresh retry window and a replay id that receivers see (`hookline-replay-id`), through the
 //! same lanes and limits as any delivery, with an audit entry of who, why, what and how many.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -72,8 +71,8 @@ impl ReplayRequest {
 pub struct ReplayTarget {
     /// Bootstrap servers.
     pub bootstrap: String,
-    /// Client overrides.
-    pub client: BTreeMap<String, String>,
+    /// Client overrides (`kafka.client`; secret ones redacted in `Debug`).
+    pub client: crate::config::ClientProperties,
     /// The DLQ topic.
     pub dlq: String,
     /// The deliveries topic.
@@ -523,6 +522,24 @@ mod tests {
             .validate()
             .expect_err("the request should be refused")
             .to_string()
+    }
+
+    #[test]
+    fn the_target_keeps_secret_client_properties_out_of_debug() {
+        let target = ReplayTarget {
+            bootstrap: "kafka:9092".into(),
+            client: std::collections::BTreeMap::from([
+                ("sasl.password".to_owned(), "supersecret_sasl".to_owned()),
+                ("sasl.username".to_owned(), "replayer".to_owned()),
+            ])
+            .into(),
+            dlq: "hookline.dlq".into(),
+            deliveries: "hookline.deliveries".into(),
+        };
+        let dbg = format!("{target:?}");
+        assert!(!dbg.contains("supersecret"), "{dbg}");
+        assert!(dbg.contains("\"sasl.password\": \"<redacted>\""), "{dbg}");
+        assert!(dbg.contains("\"sasl.username\": \"replayer\""), "{dbg}");
     }
 
     #[test]

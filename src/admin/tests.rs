@@ -1453,7 +1453,7 @@ async fn kafka_sink_produces_the_envelope_keyed_by_event_id() {
     .unwrap();
     let config = crate::config::KafkaConfig {
         bootstrap_servers: kafka.bootstrap_servers().to_owned(),
-        client: BTreeMap::from([("linger.ms".to_owned(), "0".to_owned())]),
+        client: BTreeMap::from([("linger.ms".to_owned(), "0".to_owned())]).into(),
         ..Default::default()
     };
     let sink = super::events::KafkaEventSink::new(&config).unwrap();
