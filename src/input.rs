@@ -287,28 +287,36 @@ impl InvalidReason {
         }
     }
 
-    /// The short machine form, e.g. `missing_header:eventType`.
-    pub fn code(&self) -> String {
-        let with = |prefix: &str, name: &str| {
-            debug_assert_eq!(prefix, self.kind());
-            let mut n: String = name.chars().take(MAX_NAME_IN_REASON).collect();
-            n.retain(|c| !c.is_control());
-            format!("{prefix}:{n}")
-        };
+    /// The field or header the reason names, if it names one.
+    fn name(&self) -> Option<&str> {
         match self {
-            InvalidReason::EmptyValue => "empty_value".to_owned(),
-            InvalidReason::NotJson => "not_json".to_owned(),
-            InvalidReason::NotObject => "not_object".to_owned(),
-            InvalidReason::MissingHeader(n) => with("missing_header", n),
-            InvalidReason::BadHeader(n) => with("bad_header", n),
-            InvalidReason::MissingField(n) => with("missing_field", n),
-            InvalidReason::UnknownField(n) => with("unknown_field", n),
-            InvalidReason::DuplicateField(n) => with("duplicate_field", n),
-            InvalidReason::BadEventId => "bad_event_id".to_owned(),
-            InvalidReason::BadEventType => "bad_event_type".to_owned(),
-            InvalidReason::BadTenant => "bad_tenant".to_owned(),
-            InvalidReason::BadOccurredAt => "bad_occurred_at".to_owned(),
-            InvalidReason::PayloadTooLarge => "payload_too_large".to_owned(),
+            InvalidReason::MissingHeader(n)
+            | InvalidReason::BadHeader(n)
+            | InvalidReason::MissingField(n)
+            | InvalidReason::UnknownField(n)
+            | InvalidReason::DuplicateField(n) => Some(n),
+            InvalidReason::EmptyValue
+            | InvalidReason::NotJson
+            | InvalidReason::NotObject
+            | InvalidReason::BadEventId
+            | InvalidReason::BadEventType
+            | InvalidReason::BadTenant
+            | InvalidReason::BadOccurredAt
+            | InvalidReason::PayloadTooLarge => None,
+        }
+    }
+
+    /// The short machine form: the kind, then the name it concerns (cut to
+    /// `MAX_NAME_IN_REASON` characters, control characters dropped), e.g.
+    /// `missing_header:eventType`.
+    pub fn code(&self) -> String {
+        match self.name() {
+            None => self.kind().to_owned(),
+            Some(name) => {
+                let mut n: String = name.chars().take(MAX_NAME_IN_REASON).collect();
+                n.retain(|c| !c.is_control());
+                format!("{}:{n}", self.kind())
+            }
         }
     }
 }
