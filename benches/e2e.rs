@@ -291,6 +291,14 @@ impl ReceiverState {
     }
 }
 
+/// The prefix of the latency run's event ids (`l42`): the events whose latency is measured.
+const MEASURED: char = 'l';
+
+/// The sequence number of a measured event from its id (which is also its `webhook-id`).
+fn measured_seq(event_id: &str) -> Option<u64> {
+    event_id.strip_prefix(MEASURED)?.parse().ok()
+}
+
 async fn answer(state: &ReceiverState, req: Request<Incoming>) -> Response<Empty<Bytes>> {
     let arrived = unix_micros(SystemTime::now());
     let endpoint = req
@@ -303,8 +311,7 @@ async fn answer(state: &ReceiverState, req: Request<Incoming>) -> Response<Empty
         req.headers()
             .get("webhook-id")
             .and_then(|v| v.to_str().ok())
-            .and_then(|id| id.strip_prefix('l'))
-            .and_then(|s| s.parse::<u64>().ok())
+            .and_then(measured_seq)
     } else {
         None
     };
@@ -610,12 +617,8 @@ fn fanned_out_times(
         let Ok(record) = DeliveryRecord::from_message(&m) else {
             continue;
         };
-        let seq = record
-            .event_id
-            .as_str()
-            .strip_prefix('l')
-            .and_then(|s| s.parse::<u64>().ok())
-            .filter(|seq| (first..first + n).contains(seq));
+        let seq =
+            measured_seq(record.event_id.as_str()).filter(|seq| (first..first + n).contains(seq));
         let endpoint = ids.iter().position(|id| id == record.endpoint_id.as_str());
         if let (Some(seq), Some(endpoint), Some(ms)) = (seq, endpoint, m.timestamp().to_millis()) {
             found.insert((seq, endpoint), ms);
@@ -1182,7 +1185,7 @@ impl Paced<'_> {
         let created = produce(
             self.producer,
             self.topic,
-            ('l', first),
+            (MEASURED, first),
             n,
             s.body_bytes,
             Some(events_per_s),
