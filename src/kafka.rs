@@ -44,9 +44,7 @@ pub enum KafkaError {
     },
     /// No broker of `bootstrap.servers` answered a metadata request within [`PROBE_TIMEOUT`].
     #[error(
-        "no Kafka broker at {bootstrap} answered within {} s; check kafka.bootstrap_servers, \
-         that the brokers are up and reachable from here, and the [kafka.client] security \
-         settings",
+        "no Kafka broker at {bootstrap} answered within {} s; {UNREACHABLE_ADVICE}",
         PROBE_TIMEOUT.as_secs()
     )]
     Unreachable {
@@ -63,6 +61,10 @@ pub enum KafkaError {
     #[error("embedded kafka (librdkafka mock cluster) failed to start: {0}")]
     Embedded(String),
 }
+
+/// What to check when no broker answers, in the words every command uses (`run`, `replay`).
+pub const UNREACHABLE_ADVICE: &str = "check kafka.bootstrap_servers, that the brokers are up and \
+     reachable from here, and the [kafka.client] security settings";
 
 /// Base client configuration: bootstrap servers plus operator overrides (which win).
 pub fn client_config(bootstrap: &str, overrides: &BTreeMap<String, String>) -> ClientConfig {

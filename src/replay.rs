@@ -105,7 +105,8 @@ pub enum ReplayError {
     BadRequest(String),
     /// No broker answered.
     #[error(
-        "kafka at {bootstrap} unreachable (is it running, and is kafka.bootstrap_servers right?): {source}"
+        "no Kafka broker at {bootstrap} answered ({source}); {}",
+        crate::kafka::UNREACHABLE_ADVICE
     )]
     Unreachable {
         /// The bootstrap servers tried.

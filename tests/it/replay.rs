@@ -152,12 +152,14 @@ async fn failed_replay_of_partition_0(kafka: &str) -> String {
 #[tokio::test]
 async fn an_unreachable_kafka_is_named() {
     let stderr = failed_replay_of_partition_0(NOWHERE).await;
-    let expected = format!(
-        "error: kafka at {NOWHERE} unreachable (is it running, and is kafka.bootstrap_servers right?)"
-    );
+    let expected = format!("error: no Kafka broker at {NOWHERE} answered (");
+    let advice = "; check kafka.bootstrap_servers, that the brokers are up and reachable from \
+                  here, and the [kafka.client] security settings";
     assert!(
-        stderr.lines().any(|l| l.starts_with(&expected)),
-        "expected a line starting {expected:?} in:\n{stderr}"
+        stderr
+            .lines()
+            .any(|l| l.starts_with(&expected) && l.ends_with(advice)),
+        "expected a line starting {expected:?} and ending {advice:?} in:\n{stderr}"
     );
 }
 
