@@ -18,72 +18,85 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Starts `hookline dev` on these ports with this operator token and waits until it says it is
-/// running. Its stdout comes back with it: closing the pipe would fail dev's later prints.
-async fn start_dev(
-    admin: u16,
+/// The operator token the tests give `hookline dev`.
+const TOKEN: &str = "it_dev_token_0123456789";
+
+/// A running `hookline dev` and a client for its admin API.
+struct Dev {
+    child: Child,
+    /// Kept open: closing the pipe would fail dev's later prints.
+    _stdout: Lines<BufReader<ChildStdout>>,
+    http: reqwest::Client,
+    /// The admin API, `http://127.0.0.1:<port>`.
+    base: String,
+    /// The metrics listener's port.
     metrics: u16,
-    token: &str,
-) -> (Child, Lines<BufReader<ChildStdout>>) {
-    let mut child = Command::new(hookline_bin())
-        .args(["dev", "--listen", &format!("127.0.0.1:{admin}")])
-        .args([
-            "--metrics-listen",
-            &format!("127.0.0.1:{metrics}"),
-            "--admin-token",
-            token,
-        ])
-        .env("HOOKLINE_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start hookline dev");
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = stdout.next_line().await.unwrap() {
-            if line.contains("hookline dev is running") {
-                return;
-            }
-        }
-        panic!("hookline dev exited before it was running");
-    })
-    .await
-    .expect("hookline dev is running within 60 s");
-    (child, stdout)
 }
 
-/// Registers an endpoint of tenant `acme` for `order.*` at `url`; the answer, with its secret.
-async fn create_endpoint(
-    http: &reqwest::Client,
-    base: &str,
-    token: &str,
-    url: &str,
-) -> serde_json::Value {
-    http.post(format!("{base}/v1/endpoints"))
-        .bearer_auth(token)
-        .json(&serde_json::json!({"tenant": "acme", "url": url, "event_types": ["order.*"]}))
-        .send()
+impl Dev {
+    /// Starts `hookline dev` on free ports with [`TOKEN`] and waits until it says it is running.
+    async fn start() -> Dev {
+        let (admin, metrics) = (free_port(), free_port());
+        let mut child = Command::new(hookline_bin())
+            .args(["dev", "--listen", &format!("127.0.0.1:{admin}")])
+            .args([
+                "--metrics-listen",
+                &format!("127.0.0.1:{metrics}"),
+                "--admin-token",
+                TOKEN,
+            ])
+            .env("HOOKLINE_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start hookline dev");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = stdout.next_line().await.unwrap() {
+                if line.contains("hookline dev is running") {
+                    return;
+                }
+            }
+            panic!("hookline dev exited before it was running");
+        })
         .await
-        .unwrap()
-        .error_for_status()
-        .expect("endpoint created")
-        .json()
-        .await
-        .unwrap()
+        .expect("hookline dev is running within 60 s");
+        Dev {
+            child,
+            _stdout: stdout,
+            http: reqwest::Client::new(),
+            base: format!("http://127.0.0.1:{admin}"),
+            metrics,
+        }
+    }
+
+    /// Registers an endpoint of tenant `acme` for `order.*` at `url`; the answer, with its
+    /// secret.
+    async fn create_endpoint(&self, url: &str) -> serde_json::Value {
+        self.http
+            .post(format!("{}/v1/endpoints", self.base))
+            .bearer_auth(TOKEN)
+            .json(&serde_json::json!({"tenant": "acme", "url": url, "event_types": ["order.*"]}))
+            .send()
+            .await
+            .unwrap()
+            .error_for_status()
+            .expect("endpoint created")
+            .json()
+            .await
+            .unwrap()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_delivers_a_signed_event_and_drains_on_sigterm() {
-    let (admin, metrics) = (free_port(), free_port());
-    let token = "it_dev_token_0123456789";
-    let (mut child, _stdout) = start_dev(admin, metrics, token).await;
+    let mut dev = Dev::start().await;
+    let (http, base) = (&dev.http, &dev.base);
 
     // A receiver that takes a moment, so a delivery is in flight when SIGTERM arrives.
     let receiver = Receiver::fixed(Reply::status(200).delay(Duration::from_millis(1500))).await;
-    let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{admin}");
-    let created = create_endpoint(&http, &base, token, &receiver.url("/hook")).await;
+    let created = dev.create_endpoint(&receiver.url("/hook")).await;
     let secret = created["secret"]
         .as_str()
         .expect("secret shown at creation")
@@ -97,7 +110,7 @@ async fn dev_delivers_a_signed_event_and_drains_on_sigterm() {
     assert_eq!(unauthorised.status(), 401);
     let accepted = http
         .post(format!("{base}/v1/events"))
-        .bearer_auth(token)
+        .bearer_auth(TOKEN)
         .json(&serde_json::json!({"tenant": "acme", "type": "order.created", "payload": {"order": 42}}))
         .send()
         .await
@@ -111,7 +124,7 @@ async fn dev_delivers_a_signed_event_and_drains_on_sigterm() {
     let got = receiver.wait_for(1, Duration::from_secs(60)).await;
     assert_eq!(crate::pipeline::verify_request(&got[0], &secret), id);
     let metrics_text = http
-        .get(format!("http://127.0.0.1:{metrics}/metrics"))
+        .get(format!("http://127.0.0.1:{}/metrics", dev.metrics))
         .send()
         .await
         .unwrap()
@@ -123,19 +136,19 @@ async fn dev_delivers_a_signed_event_and_drains_on_sigterm() {
         "{metrics_text}"
     );
 
-    let pid = child.id().expect("running").to_string();
+    let pid = dev.child.id().expect("running").to_string();
     let killed = Command::new("kill")
         .args(["-TERM", &pid])
         .status()
         .await
         .unwrap();
     assert!(killed.success());
-    let status = tokio::time::timeout(Duration::from_secs(40), child.wait())
+    let status = tokio::time::timeout(Duration::from_secs(40), dev.child.wait())
         .await
         .expect("exits within 40 s of SIGTERM")
         .unwrap();
     let mut stderr = String::new();
-    tokio::io::AsyncReadExt::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr)
+    tokio::io::AsyncReadExt::read_to_string(dev.child.stderr.as_mut().unwrap(), &mut stderr)
         .await
         .unwrap();
     assert!(status.success(), "exit status {status}; stderr:\n{stderr}");
@@ -297,17 +310,14 @@ async fn run_given_a_controller_listener_names_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_ends_the_drain_at_once() {
-    let (admin, metrics) = (free_port(), free_port());
-    let token = "it_dev_token_0123456789";
-    let (mut child, _stdout) = start_dev(admin, metrics, token).await;
+    let mut dev = Dev::start().await;
 
     // A receiver slower than the HTTP timeout, so the drain would take the whole deadline.
     let receiver = Receiver::fixed(Reply::status(200).delay(Duration::from_secs(60))).await;
-    let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{admin}");
-    create_endpoint(&http, &base, token, &receiver.url("/hook")).await;
-    http.post(format!("{base}/v1/events"))
-        .bearer_auth(token)
+    dev.create_endpoint(&receiver.url("/hook")).await;
+    dev.http
+        .post(format!("{}/v1/events", dev.base))
+        .bearer_auth(TOKEN)
         .json(&serde_json::json!({"tenant": "acme", "type": "order.created", "payload": {}}))
         .send()
         .await
@@ -316,7 +326,7 @@ async fn a_second_signal_ends_the_drain_at_once() {
         .expect("event accepted");
     receiver.wait_for(1, Duration::from_secs(60)).await;
 
-    let pid = child.id().expect("running").to_string();
+    let pid = dev.child.id().expect("running").to_string();
     let signal = |sig: &'static str| {
         let pid = pid.clone();
         async move {
@@ -329,7 +339,7 @@ async fn a_second_signal_ends_the_drain_at_once() {
         }
     };
     signal("-TERM").await;
-    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut stderr = BufReader::new(dev.child.stderr.take().unwrap()).lines();
     let mut log = String::new();
     tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(line) = stderr.next_line().await.unwrap() {
@@ -347,7 +357,7 @@ async fn a_second_signal_ends_the_drain_at_once() {
         "{log}"
     );
     signal("-INT").await;
-    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+    let status = tokio::time::timeout(Duration::from_secs(5), dev.child.wait())
         .await
         .expect("exits at once after the second signal")
         .unwrap();
