@@ -10,7 +10,18 @@ use std::time::Duration;
 ///
 /// The string forms (`as_str`) are part of hookline's interface: they appear in the attempt log,
 /// in metric labels and in `hookline send` output, and must not change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum ErrorClass {
     /// The URL's host is, or resolved to, an address the SSRF policy blocks.
     SsrfBlocked,
@@ -33,37 +44,20 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
-    /// Every class, in a fixed order (for metrics pre-registration and tests).
-    pub const ALL: [ErrorClass; 9] = [
-        ErrorClass::SsrfBlocked,
-        ErrorClass::InsecureScheme,
-        ErrorClass::InvalidUrl,
-        ErrorClass::Dns,
-        ErrorClass::Connect,
-        ErrorClass::Tls,
-        ErrorClass::Timeout,
-        ErrorClass::HttpStatus,
-        ErrorClass::Redirect,
-    ];
+    /// Every class, in declaration order (for metrics pre-registration and tests).
+    pub fn all() -> impl Iterator<Item = ErrorClass> {
+        <ErrorClass as strum::IntoEnumIterator>::iter()
+    }
 
-    /// The stable string form used in logs, metrics, the attempt log and CLI output.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ErrorClass::SsrfBlocked => "ssrf_blocked",
-            ErrorClass::InsecureScheme => "insecure_scheme",
-            ErrorClass::InvalidUrl => "invalid_url",
-            ErrorClass::Dns => "dns",
-            ErrorClass::Connect => "connect",
-            ErrorClass::Tls => "tls",
-            ErrorClass::Timeout => "timeout",
-            ErrorClass::HttpStatus => "http_status",
-            ErrorClass::Redirect => "redirect",
-        }
+    /// The stable string form used in logs, metrics, the attempt log and CLI output: the
+    /// variant's name in snake case.
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     /// Parses the string form back (attempt-log rows, headers).
     pub fn parse(s: &str) -> Option<ErrorClass> {
-        ErrorClass::ALL.into_iter().find(|c| c.as_str() == s)
+        s.parse().ok()
     }
 }
 
@@ -139,10 +133,31 @@ mod tests {
 
     #[test]
     fn error_class_strings_round_trip() {
-        for c in ErrorClass::ALL {
+        for c in ErrorClass::all() {
             assert_eq!(ErrorClass::parse(c.as_str()), Some(c));
         }
         assert_eq!(ErrorClass::parse("nope"), None);
+        assert_eq!(ErrorClass::parse("SsrfBlocked"), None);
+    }
+
+    /// The strings are hookline's interface (stored attempt rows, metric labels): pinned here.
+    #[test]
+    fn error_class_strings_are_stable() {
+        let all: Vec<&str> = ErrorClass::all().map(ErrorClass::as_str).collect();
+        assert_eq!(
+            all,
+            [
+                "ssrf_blocked",
+                "insecure_scheme",
+                "invalid_url",
+                "dns",
+                "connect",
+                "tls",
+                "timeout",
+                "http_status",
+                "redirect",
+            ]
+        );
     }
 
     #[test]

@@ -52,7 +52,20 @@ pub enum Verdict {
 
 /// Why a delivery was dead-lettered. The string forms appear in DLQ headers, the attempt log and
 /// metric labels, and must not change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum DeadReason {
     /// A status that retrying cannot fix (4xx other than the retryable ones, 1xx, unknown).
     HttpStatus,
@@ -77,39 +90,19 @@ pub enum DeadReason {
 }
 
 impl DeadReason {
-    /// Every reason, in a fixed order (for metrics pre-registration and tests).
-    pub const ALL: [DeadReason; 10] = [
-        DeadReason::HttpStatus,
-        DeadReason::Redirect,
-        DeadReason::Gone,
-        DeadReason::SsrfBlocked,
-        DeadReason::InsecureScheme,
-        DeadReason::InvalidUrl,
-        DeadReason::WindowExhausted,
-        DeadReason::EndpointDeleted,
-        DeadReason::EndpointDisabled,
-        DeadReason::NoSigningKey,
-    ];
+    /// Every reason, in declaration order (for metrics pre-registration and tests).
+    pub fn all() -> impl Iterator<Item = DeadReason> {
+        <DeadReason as strum::IntoEnumIterator>::iter()
+    }
 
-    /// The stable string form.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            DeadReason::HttpStatus => "http_status",
-            DeadReason::Redirect => "redirect",
-            DeadReason::Gone => "gone",
-            DeadReason::SsrfBlocked => "ssrf_blocked",
-            DeadReason::InsecureScheme => "insecure_scheme",
-            DeadReason::InvalidUrl => "invalid_url",
-            DeadReason::WindowExhausted => "window_exhausted",
-            DeadReason::EndpointDeleted => "endpoint_deleted",
-            DeadReason::EndpointDisabled => "endpoint_disabled",
-            DeadReason::NoSigningKey => "no_signing_key",
-        }
+    /// The stable string form: the variant's name in snake case.
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     /// Parses the string form back.
     pub fn parse(s: &str) -> Option<DeadReason> {
-        DeadReason::ALL.into_iter().find(|r| r.as_str() == s)
+        s.parse().ok()
     }
 }
 
@@ -593,9 +586,32 @@ mod tests {
 
     #[test]
     fn dead_reason_strings_round_trip() {
-        for r in DeadReason::ALL {
+        for r in DeadReason::all() {
             assert_eq!(DeadReason::parse(r.as_str()), Some(r));
         }
+        assert_eq!(DeadReason::parse("Gone"), None);
+    }
+
+    /// The strings are hookline's interface (DLQ headers, stored attempt rows, metric labels):
+    /// pinned here.
+    #[test]
+    fn dead_reason_strings_are_stable() {
+        let all: Vec<&str> = DeadReason::all().map(DeadReason::as_str).collect();
+        assert_eq!(
+            all,
+            [
+                "http_status",
+                "redirect",
+                "gone",
+                "ssrf_blocked",
+                "insecure_scheme",
+                "invalid_url",
+                "window_exhausted",
+                "endpoint_deleted",
+                "endpoint_disabled",
+                "no_signing_key",
+            ]
+        );
     }
 
     /// Drives a receiver that always fails through the policy on paused tokio time: every wait

@@ -122,20 +122,20 @@ pub fn register_series<'a>(tiers: impl IntoIterator<Item = &'a str>) {
     for outcome in ["success", "retry", "dead"] {
         counter!(DELIVERIES, "outcome" => outcome).increment(0);
     }
-    let classes = ErrorClass::ALL.map(ErrorClass::as_str);
+    let classes = ErrorClass::all().map(ErrorClass::as_str);
     for class in std::iter::once("none").chain(classes) {
         counter!(ATTEMPTS, "error_class" => class).increment(0);
     }
     for tier in tiers {
         counter!(RETRIES_SCHEDULED, "tier" => tier.to_owned()).increment(0);
     }
-    for reason in DeadReason::ALL {
+    for reason in DeadReason::all() {
         counter!(DEAD_LETTERS, "reason" => reason.as_str()).increment(0);
     }
-    for reason in ParkReason::ALL {
+    for reason in ParkReason::all() {
         counter!(PARKED, "reason" => reason.as_str()).increment(0);
     }
-    for reason in InvalidReason::KINDS {
+    for reason in InvalidReason::kinds() {
         counter!(INVALID_RECORDS, "reason" => reason).increment(0);
     }
     for plain in [
@@ -213,7 +213,8 @@ pub fn dead_lettered(delivery_id: &str, endpoint_id: &str, reason: DeadReason) {
 }
 
 /// Why a record was parked instead of sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ParkReason {
     /// The endpoint's lane is at its concurrency or rate limit.
     LaneFull,
@@ -224,20 +225,14 @@ pub enum ParkReason {
 }
 
 impl ParkReason {
-    /// Every reason, in a fixed order.
-    pub const ALL: [ParkReason; 3] = [
-        ParkReason::LaneFull,
-        ParkReason::BreakerOpen,
-        ParkReason::Stalled,
-    ];
+    /// Every reason, in declaration order.
+    pub fn all() -> impl Iterator<Item = ParkReason> {
+        <ParkReason as strum::IntoEnumIterator>::iter()
+    }
 
-    /// The label value.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ParkReason::LaneFull => "lane_full",
-            ParkReason::BreakerOpen => "breaker_open",
-            ParkReason::Stalled => "stalled",
-        }
+    /// The label value: the variant's name in snake case.
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -430,7 +425,7 @@ mod tests {
         series("hookline_deliveries_total{outcome=\"retry\"} 0");
         series("hookline_deliveries_total{outcome=\"dead\"} 1");
         series("hookline_attempts_total{error_class=\"none\"} 0");
-        for class in ErrorClass::ALL {
+        for class in ErrorClass::all() {
             series(&format!(
                 "hookline_attempts_total{{error_class=\"{}\"}} 0",
                 class.as_str()
