@@ -28,13 +28,29 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
+/// The size limit the router puts on request bodies, as a request extension: the 413 names it.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit {
+    /// Largest body accepted, in bytes.
+    pub body: usize,
+    /// Largest event payload accepted (`http.max_payload_bytes`), from which `body` is derived.
+    pub payload: usize,
+}
+
 /// The raw body bytes, content type and size checked; for bodies that may be empty or whose
 /// bytes must be kept exactly.
 pub async fn read<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
     check_content_type(req.headers())?;
+    let limit = req.extensions().get::<BodyLimit>().copied();
     Bytes::from_request(req, state).await.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge("the request body is larger than the server accepts".into())
+            ApiError::PayloadTooLarge(match limit {
+                Some(BodyLimit { body, payload }) => format!(
+                    "the request body is over {body} bytes, the most this server accepts (an \
+                     event's payload may have up to {payload} bytes: http.max_payload_bytes)"
+                ),
+                None => "the request body is larger than the server accepts".into(),
+            })
         } else {
             ApiError::BadRequest(format!("the request body could not be read: {rejection}"))
         }

@@ -207,6 +207,10 @@ pub fn router(state: AdminState) -> Router {
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::Extension(body::BodyLimit {
+            body: body_limit,
+            payload: state.max_payload_bytes,
+        }))
         .layer(middleware::from_fn_with_state(state.clone(), bound))
         .layer(CatchPanicLayer::custom(panicked))
         .with_state(state)

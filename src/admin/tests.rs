@@ -922,7 +922,8 @@ async fn ingest_validation_names_the_field() {
         &call(&f.app, Method::POST, "/v1/events", OP, Some(&huge)).await,
         StatusCode::PAYLOAD_TOO_LARGE,
         "payload_too_large",
-        "larger than",
+        "the request body is over 17408 bytes, the most this server accepts (an event's payload \
+         may have up to 1024 bytes: http.max_payload_bytes)",
     );
     assert!(f.sink.events().is_empty());
 }
