@@ -13,7 +13,8 @@
 //!    receiver's arrival time minus the time the bench handed the event to its producer. A 5 s
 //!    warm-up at the same pace goes first and is not measured, since the throughput run does not
 //!    warm the broker's paced path; a broker younger than [`BROKER_WARM`] may still be compiling
-//!    it, and the report says so;
+//!    it, and the report says so. Besides p50 and p99 over the run, the report counts the
+//!    500 ms windows whose own p99 misses the target: one hiccup fills a run's worst 1%;
 //! 5. isolation: the same number of events twice, first with every endpoint healthy, then with
 //!    one endpoint (one in ten by default) that never answers; the healthy endpoints' rate in
 //!    the second run is compared with their rate in the first (and, for reference, with their
@@ -954,6 +955,18 @@ impl Report {
                     format!("{:.1} / {n}", max as f64 / 1e3),
                     "",
                 );
+                let over = self.latency.windows.iter().filter(|&&p| p >= 50_000);
+                let worst = self.latency.windows.iter().max().copied().unwrap_or(0);
+                row(
+                    &format!("  {} ms windows with p99 >= 50 ms", WINDOW.as_millis()),
+                    format!(
+                        "{} of {}, worst {:.1}",
+                        over.count(),
+                        self.latency.windows.len(),
+                        worst as f64 / 1e3
+                    ),
+                    "",
+                );
             }
             None => row("event-to-delivery", "no samples".into(), "< 50"),
         }
@@ -1115,6 +1128,8 @@ struct PacedRun {
     expected: u64,
     /// p50, p99 and max event-to-delivery latency (µs), and the samples they come from.
     latency: Option<(u64, u64, u64, usize)>,
+    /// The p99 (µs) of each [`WINDOW`] of the run, by hand-over time.
+    windows: Vec<u64>,
     cpu: Option<CpuUse>,
     /// Late ticks on the runtime and on a plain thread.
     stalls: [Stalls; 2],
@@ -1202,10 +1217,15 @@ impl Paced<'_> {
         let arrivals =
             std::mem::take(&mut *rx.state.arrivals.lock().unwrap_or_else(|e| e.into_inner()));
         let made = |seq: u64| created.get(usize::try_from(seq.checked_sub(first)?).ok()?);
-        let mut lat: Vec<u64> = arrivals
+        let timed: Vec<(u64, u64)> = arrivals
             .iter()
-            .filter_map(|&(seq, at, _)| Some(at.saturating_sub(*made(seq)?)))
+            .filter_map(|&(seq, at, _)| {
+                let made = *made(seq)?;
+                Some((made, at.saturating_sub(made)))
+            })
             .collect();
+        let windows = window_p99s(&timed);
+        let mut lat: Vec<u64> = timed.iter().map(|&(_, l)| l).collect();
         if let (Some(partitions), Ok(path)) =
             (partitions, std::env::var("HOOKLINE_BENCH_LATENCY_DUMP"))
         {
@@ -1238,10 +1258,41 @@ impl Paced<'_> {
             delivered: rate.delivered,
             expected: rate.expected,
             latency,
+            windows,
             cpu,
             stalls,
         }
     }
+}
+
+/// The span over which [`window_p99s`] takes each p99.
+const WINDOW: Duration = Duration::from_millis(500);
+
+/// The p99 latency (µs) of each [`WINDOW`] of hand-over times, in order, from `(hand-over,
+/// latency)` pairs in µs. A whole run's p99 is set by its worst 1%: one hiccup that delays a
+/// hundredth of the run's deliveries decides it. The windows tell a run that was slow
+/// throughout from one with a few bad moments.
+fn window_p99s(timed: &[(u64, u64)]) -> Vec<u64> {
+    let Some(start) = timed.iter().map(|&(made, _)| made).min() else {
+        return Vec::new();
+    };
+    let width = WINDOW.as_micros() as u64;
+    let mut windows: Vec<Vec<u64>> = Vec::new();
+    for &(made, latency) in timed {
+        let i = usize::try_from((made - start) / width).unwrap_or(usize::MAX);
+        if i >= windows.len() {
+            windows.resize_with(i + 1, Vec::new);
+        }
+        windows[i].push(latency);
+    }
+    windows
+        .into_iter()
+        .filter(|w| !w.is_empty())
+        .map(|mut w| {
+            w.sort_unstable();
+            percentile(&w, 0.99)
+        })
+        .collect()
 }
 
 async fn run(s: Settings) -> Report {
