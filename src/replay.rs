@@ -3,9 +3,12 @@
 //! same lanes and limits as any delivery, with an audit entry of who, why, what and how many.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -203,11 +206,60 @@ fn kafka_failure(target: &ReplayTarget, action: String) -> impl FnOnce(KafkaErro
     }
 }
 
+/// The DLQ consumer's context. Until the brokers have answered, librdkafka's reports that
+/// none can be reached (errors, and FAIL log lines) are logged at debug only: replay says so itself, once, as
+/// [`ReplayError::Unreachable`], and the same news at ERROR level ahead of it only repeated it.
+/// Once they have answered, losing them is news and is logged as a warning; other client
+/// errors are always errors.
+#[derive(Default)]
+pub struct ReplayContext {
+    answered: AtomicBool,
+}
+
+impl ClientContext for ReplayContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        // Before the brokers have answered, a failed connection (facility FAIL) is the same
+        // news as the error replay is about to report.
+        if fac == "FAIL" && !self.answered.load(Ordering::Relaxed) {
+            tracing::debug!(target: "librdkafka", "{fac} {log_message}");
+            return;
+        }
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", "{fac} {log_message}")
+            }
+            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", "{fac} {log_message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", "{fac} {log_message}");
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", "{fac} {log_message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !is_unreachable(&error) {
+            tracing::error!(error = %error, reason, "kafka client error");
+        } else if self.answered.load(Ordering::Relaxed) {
+            tracing::warn!(error = %error, reason, "kafka brokers unreachable");
+        } else {
+            tracing::debug!(error = %error, reason, "kafka brokers not reachable yet");
+        }
+    }
+}
+
+impl ConsumerContext for ReplayContext {}
+
+/// Replay's DLQ consumer.
+type DlqConsumer = BaseConsumer<ReplayContext>;
+
 /// Asks the brokers about the DLQ topic: that they answer, that the topic exists, and that it
 /// has `partition`. Without this a wrong partition shows up as librdkafka's bare
 /// `UnknownPartition` and a broker that is down as `AllBrokersDown`, neither naming anything.
 fn check_partition(
-    consumer: &BaseConsumer,
+    consumer: &DlqConsumer,
     target: &ReplayTarget,
     partition: i32,
 ) -> Result<(), ReplayError> {
@@ -306,7 +358,7 @@ pub async fn replay(
 pub struct Checked<'a> {
     target: &'a ReplayTarget,
     request: &'a ReplayRequest,
-    consumer: BaseConsumer,
+    consumer: DlqConsumer,
     /// The last offset to read: `to_offset`, or the partition's last record if that is lower.
     last: i64,
     /// How many offsets lie in `from_offset..=last`.
@@ -322,13 +374,14 @@ pub async fn check<'a>(
     request.validate()?;
     let group = format!("hookline-replay-{}", uuid::Uuid::new_v4().simple());
     let kafka = |action: String| kafka_failure(target, action);
-    let consumer: BaseConsumer = client_config(&target.bootstrap, &target.client)
+    let consumer: DlqConsumer = client_config(&target.bootstrap, &target.client)
         .set("group.id", &group)
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
-        .create()
+        .create_with_context(ReplayContext::default())
         .map_err(kafka("creating the DLQ consumer".into()))?;
     check_partition(&consumer, target, request.partition)?;
+    consumer.context().answered.store(true, Ordering::Relaxed);
     let (low, high) = tokio::task::block_in_place(|| {
         consumer.fetch_watermarks(&target.dlq, request.partition, KAFKA_TIMEOUT)
     })
