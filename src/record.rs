@@ -791,7 +791,9 @@ mod tests {
         fn arb_dead()(
             reason in proptest::sample::select(DeadReason::all().collect::<Vec<_>>()),
             last_status in proptest::option::of(100u16..600),
-            last_error in proptest::option::of(proptest::sample::select(ErrorClass::all().collect::<Vec<_>>())),
+            last_error in proptest::option::of(
+                proptest::sample::select(ErrorClass::all().collect::<Vec<_>>()),
+            ),
             last_attempt_at in any::<u64>(),
             signing_key_ids in proptest::collection::vec("[a-zA-Z0-9_]{1,20}", 0..4),
         ) -> DeadInfo {

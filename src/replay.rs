@@ -207,12 +207,12 @@ fn kafka_failure(target: &ReplayTarget, action: String) -> impl FnOnce(KafkaErro
 }
 
 /// The DLQ consumer's context. Until the brokers have answered, librdkafka's reports that
-/// none can be reached (errors, and FAIL log lines) are logged at debug only: replay says so itself, once, as
-/// [`ReplayError::Unreachable`], and the same news at ERROR level ahead of it only repeated it.
-/// Once they have answered, losing them is news and is logged as a warning; other client
-/// errors are always errors.
+/// none can be reached (errors, and FAIL log lines) are logged at debug only: replay says so
+/// itself, once, as [`ReplayError::Unreachable`], and the same news at ERROR level ahead of it
+/// only repeated it. Once they have answered, losing them is news and is logged as a warning;
+/// other client errors and log lines keep their level.
 #[derive(Default)]
-pub struct ReplayContext {
+struct ReplayContext {
     answered: AtomicBool,
 }
 
