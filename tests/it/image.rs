@@ -65,6 +65,11 @@ struct Image {
 
 impl Image {
     /// Runs the image's hookline with `args` inside a chroot of the image, as `user`.
+    ///
+    /// buildah's chroot isolation first runs a sealed in-memory copy of itself, and sealing it
+    /// can fail with EBUSY while the kernel still holds the copy's pages (seen once in a full
+    /// test run, on a loaded machine). That is buildah's step, before hookline starts, so it
+    /// is tried again, up to three times in all; any other failure is returned at once.
     fn hookline(&self, user: &str, args: &[&str]) -> Output {
         let mut all = vec![
             "run",
@@ -77,7 +82,17 @@ impl Image {
             "/usr/local/bin/hookline",
         ];
         all.extend_from_slice(args);
-        buildah(&all)
+        let mut tries = 1;
+        loop {
+            let out = buildah(&all);
+            let busy = String::from_utf8_lossy(&out.stderr)
+                .contains("sealing memfd copy: Device or resource busy");
+            if !busy || tries == 3 {
+                return out;
+            }
+            tries += 1;
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
     }
 }
 
