@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use rdkafka::ClientContext;
+use rdkafka::client::DefaultClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -210,7 +211,7 @@ fn kafka_failure(target: &ReplayTarget, action: String) -> impl FnOnce(KafkaErro
 /// none can be reached (errors, and FAIL log lines) are logged at debug only: replay says so
 /// itself, once, as [`ReplayError::Unreachable`], and the same news at ERROR level ahead of it
 /// only repeated it. Once they have answered, losing them is news and is logged as a warning;
-/// other client errors and log lines keep their level.
+/// other client errors and log lines go to rdkafka's default context, as they did before.
 #[derive(Default)]
 struct ReplayContext {
     answered: AtomicBool,
@@ -222,26 +223,14 @@ impl ClientContext for ReplayContext {
         // news as the error replay is about to report.
         if fac == "FAIL" && !self.answered.load(Ordering::Relaxed) {
             tracing::debug!(target: "librdkafka", "{fac} {log_message}");
-            return;
-        }
-        match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => {
-                tracing::error!(target: "librdkafka", "{fac} {log_message}")
-            }
-            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", "{fac} {log_message}"),
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                tracing::info!(target: "librdkafka", "{fac} {log_message}");
-            }
-            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", "{fac} {log_message}"),
+        } else {
+            DefaultClientContext.log(level, fac, log_message);
         }
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
         if !is_unreachable(&error) {
-            tracing::error!(error = %error, reason, "kafka client error");
+            DefaultClientContext.error(error, reason);
         } else if self.answered.load(Ordering::Relaxed) {
             tracing::warn!(error = %error, reason, "kafka brokers unreachable");
         } else {
