@@ -518,6 +518,22 @@ fn spawn_timeline(
     })
 }
 
+/// One measured delivery: its event's sequence number, the endpoint (index), the event's
+/// hand-over to the producer and the delivery's arrival (µs since the epoch).
+struct Measured {
+    seq: u64,
+    endpoint: usize,
+    made: u64,
+    at: u64,
+}
+
+impl Measured {
+    /// Event-to-delivery latency (µs).
+    fn latency(&self) -> u64 {
+        self.at.saturating_sub(self.made)
+    }
+}
+
 /// Writes one line per measured delivery, in arrival order: the event's hand-over to the
 /// producer (µs since the epoch), its latency (µs), the endpoint, its deliveries partition, and
 /// when the fan-out produced its delivery record (the record's timestamp, ms since the epoch;
@@ -526,8 +542,7 @@ fn spawn_timeline(
 /// broker, delivery stage, HTTP).
 fn dump_latencies(
     path: &str,
-    arrivals: &[(u64, u64, usize)],
-    created: impl Fn(u64) -> Option<u64>,
+    measured: &[Measured],
     partitions: &[i32],
     fanned_out: &HashMap<(u64, usize), i64>,
 ) {
@@ -538,20 +553,18 @@ fn dump_latencies(
         "created_us latency_us endpoint partition fanned_out_ms"
     );
     let (mut before, mut after) = (Vec::new(), Vec::new());
-    for &(seq, at, endpoint) in arrivals {
-        if let Some(made) = created(seq) {
-            let p = partitions.get(endpoint).copied().unwrap_or(-1);
-            let latency = at.saturating_sub(made);
-            match fanned_out.get(&(seq, endpoint)) {
-                Some(&ms) => {
-                    let fanned_us = u64::try_from(ms).unwrap_or(0) * 1000;
-                    before.push(fanned_us.saturating_sub(made));
-                    after.push(at.saturating_sub(fanned_us));
-                    let _ = writeln!(out, "{made} {latency} {endpoint} {p} {ms}");
-                }
-                None => {
-                    let _ = writeln!(out, "{made} {latency} {endpoint} {p} -");
-                }
+    for m in measured {
+        let (made, latency, endpoint) = (m.made, m.latency(), m.endpoint);
+        let p = partitions.get(endpoint).copied().unwrap_or(-1);
+        match fanned_out.get(&(m.seq, endpoint)) {
+            Some(&ms) => {
+                let fanned_us = u64::try_from(ms).unwrap_or(0) * 1000;
+                before.push(fanned_us.saturating_sub(made));
+                after.push(m.at.saturating_sub(fanned_us));
+                let _ = writeln!(out, "{made} {latency} {endpoint} {p} {ms}");
+            }
+            None => {
+                let _ = writeln!(out, "{made} {latency} {endpoint} {p} -");
             }
         }
     }
@@ -1216,28 +1229,27 @@ impl Paced<'_> {
         rx.state.recording.store(false, Ordering::Relaxed);
         let arrivals =
             std::mem::take(&mut *rx.state.arrivals.lock().unwrap_or_else(|e| e.into_inner()));
-        let made = |seq: u64| created.get(usize::try_from(seq.checked_sub(first)?).ok()?);
-        let timed: Vec<(u64, u64)> = arrivals
+        let handed_over = |seq: u64| created.get(usize::try_from(seq.checked_sub(first)?).ok()?);
+        let measured: Vec<Measured> = arrivals
             .iter()
-            .filter_map(|&(seq, at, _)| {
-                let made = *made(seq)?;
-                Some((made, at.saturating_sub(made)))
+            .filter_map(|&(seq, at, endpoint)| {
+                let made = *handed_over(seq)?;
+                Some(Measured {
+                    seq,
+                    endpoint,
+                    made,
+                    at,
+                })
             })
             .collect();
-        let windows = window_p99s(&timed);
-        let mut lat: Vec<u64> = timed.iter().map(|&(_, l)| l).collect();
+        let windows = window_p99s(&measured);
+        let mut lat: Vec<u64> = measured.iter().map(Measured::latency).collect();
         if let (Some(partitions), Ok(path)) =
             (partitions, std::env::var("HOOKLINE_BENCH_LATENCY_DUMP"))
         {
             let fanned_out =
                 tokio::task::block_in_place(|| fanned_out_times(self.config, self.ids, first, n));
-            dump_latencies(
-                &path,
-                &arrivals,
-                |seq| made(seq).copied(),
-                partitions,
-                &fanned_out,
-            );
+            dump_latencies(&path, &measured, partitions, &fanned_out);
         }
         lat.sort_unstable();
         let latency = (!lat.is_empty()).then(|| {
@@ -1268,22 +1280,21 @@ impl Paced<'_> {
 /// The span over which [`window_p99s`] takes each p99.
 const WINDOW: Duration = Duration::from_millis(500);
 
-/// The p99 latency (µs) of each [`WINDOW`] of hand-over times, in order, from `(hand-over,
-/// latency)` pairs in µs. A whole run's p99 is set by its worst 1%: one hiccup that delays a
+/// The p99 latency (µs) of each [`WINDOW`] of hand-over times, in order. A whole run's p99 is set by its worst 1%: one hiccup that delays a
 /// hundredth of the run's deliveries decides it. The windows tell a run that was slow
 /// throughout from one with a few bad moments.
-fn window_p99s(timed: &[(u64, u64)]) -> Vec<u64> {
-    let Some(start) = timed.iter().map(|&(made, _)| made).min() else {
+fn window_p99s(measured: &[Measured]) -> Vec<u64> {
+    let Some(start) = measured.iter().map(|m| m.made).min() else {
         return Vec::new();
     };
     let width = WINDOW.as_micros() as u64;
     let mut windows: Vec<Vec<u64>> = Vec::new();
-    for &(made, latency) in timed {
-        let i = usize::try_from((made - start) / width).unwrap_or(usize::MAX);
+    for m in measured {
+        let i = usize::try_from((m.made - start) / width).unwrap_or(usize::MAX);
         if i >= windows.len() {
             windows.resize_with(i + 1, Vec::new);
         }
-        windows[i].push(latency);
+        windows[i].push(m.latency());
     }
     windows
         .into_iter()
