@@ -1,7 +1,7 @@
 //! The end-to-end benchmark (issue 4's acceptance): events through real Kafka and every hookline
 //! stage to an in-process HTTP receiver, everything on this one machine.
 //!
-//! One run, five phases, each bounded in time:
+//! One run, six phases, each bounded in time:
 //! 1. raw ceiling: an in-process load generator (many keep-alive HTTP/1.1 connections, 1 KiB
 //!    POSTs) straight at the receiver;
 //! 2. warm-up: hookline starts on real Kafka with topics and groups unique to this run, the
@@ -23,6 +23,9 @@
 //!    those partition mates' rate is reported on its own: the worst case. Both runs report CPU
 //!    per record (event and endpoint, delivered or parked), which tells whether the hanging
 //!    endpoint's records cost more than deliveries or the host changed speed between the runs.
+//! 6. raw ceiling again, with hookline stopped: the host's speed moves over minutes, and a
+//!    ceiling far from the first (more than [`HOST_DRIFT`] either way) gets a note, since the
+//!    phases between then ran on a host of unknown speed.
 //!
 //! The throughput and latency phases also report CPU per delivery (from `/proc`): this process
 //! (hookline, the receiver and the load generator together) and, when the broker runs on this
@@ -816,6 +819,10 @@ fn pick_hanging(partitions: &[i32]) -> (usize, Vec<usize>) {
     (hanging, mates(hanging))
 }
 
+/// A raw ceiling at the end of a run more than this factor away from the first (either way)
+/// gets a note: the phases between ran on a host whose speed moved.
+const HOST_DRIFT: f64 = 1.2;
+
 struct Report {
     settings: Settings,
     cpus: usize,
@@ -824,6 +831,9 @@ struct Report {
     broker_age: Option<Duration>,
     load_after: String,
     raw: f64,
+    /// The raw ceiling measured again at the end, after hookline stopped: how far the host's
+    /// speed moved during the run.
+    raw_after: f64,
     /// This process's CPU per request of the raw ceiling run (µs; load generator and receiver).
     raw_cpu_us: Option<f64>,
     body_seen: u64,
@@ -930,6 +940,15 @@ impl Report {
         row(
             "receiver raw ceiling (req/s)",
             format!("{:.0}", self.raw),
+            "",
+        );
+        row(
+            "  again at the end, hookline stopped",
+            format!(
+                "{:.0} ({:.0}%)",
+                self.raw_after,
+                self.raw_after / self.raw * 100.0
+            ),
             "",
         );
         row(
@@ -1089,6 +1108,17 @@ impl Report {
                  steady state. Run the bench again for those.",
                 age.as_secs(),
                 BROKER_WARM.as_secs()
+            );
+        }
+        let drift = self.raw_after / self.raw;
+        if !(1.0 / HOST_DRIFT..=HOST_DRIFT).contains(&drift) {
+            println!(
+                "note: the receiver's raw ceiling was {:.0} req/s at the start and {:.0} at the \
+                 end: this host's speed moved by more than {:.0}% during the run, so the phases \
+                 between ran on a host of unknown speed. Compare this run's ratios with care.",
+                self.raw,
+                self.raw_after,
+                (HOST_DRIFT - 1.0) * 100.0
             );
         }
         println!(
@@ -1518,6 +1548,11 @@ async fn run(s: Settings) -> Report {
     {
         eprintln!("bench: stages did not drain in time");
     }
+    // The host's speed moves over minutes: a second raw ceiling, with hookline stopped, tells
+    // how far it moved between the first phase and the last.
+    let raw_body = Bytes::from(vec![b'x'; s.body_bytes]);
+    let (raw_after, _) = raw_ceiling(&rx, s.raw_connections, raw_body, s.raw).await;
+    eprintln!("bench: raw ceiling at the end {raw_after:.0} req/s");
     stop.cancel();
     delete_topics(&config).await;
     Report {
@@ -1528,6 +1563,7 @@ async fn run(s: Settings) -> Report {
         broker_age,
         load_after: load_average(),
         raw,
+        raw_after,
         throughput,
         raw_cpu_us,
         throughput_cpu,
