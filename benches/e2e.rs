@@ -980,17 +980,22 @@ impl Report {
                 row(
                     "event-to-delivery p99 (ms)",
                     format!("{:.1}", p99 as f64 / 1e3),
-                    "< 50",
+                    &format!("< {}", P99_TARGET.as_millis()),
                 );
                 row(
                     "event-to-delivery max (ms) / samples",
                     format!("{:.1} / {n}", max as f64 / 1e3),
                     "",
                 );
-                let over = self.latency.windows.iter().filter(|&&p| p >= 50_000);
+                let target = P99_TARGET.as_micros() as u64;
+                let over = self.latency.windows.iter().filter(|&&p| p >= target);
                 let worst = self.latency.windows.iter().max().copied().unwrap_or(0);
                 row(
-                    &format!("  {} ms windows with p99 >= 50 ms", WINDOW.as_millis()),
+                    &format!(
+                        "  {} ms windows with p99 >= {} ms",
+                        WINDOW.as_millis(),
+                        P99_TARGET.as_millis()
+                    ),
                     format!(
                         "{} of {}, worst {:.1}",
                         over.count(),
@@ -1000,7 +1005,11 @@ impl Report {
                     "",
                 );
             }
-            None => row("event-to-delivery", "no samples".into(), "< 50"),
+            None => row(
+                "event-to-delivery",
+                "no samples".into(),
+                &format!("< {}", P99_TARGET.as_millis()),
+            ),
         }
         row(
             "  delivered / expected",
@@ -1310,9 +1319,13 @@ impl Paced<'_> {
 /// The span over which [`window_p99s`] takes each p99.
 const WINDOW: Duration = Duration::from_millis(500);
 
-/// The p99 latency (µs) of each [`WINDOW`] of hand-over times, in order. A whole run's p99 is set by its worst 1%: one hiccup that delays a
-/// hundredth of the run's deliveries decides it. The windows tell a run that was slow
-/// throughout from one with a few bad moments.
+/// Issue 4's latency target: event-to-delivery p99 under this at half the sustained rate. The
+/// report counts the [`WINDOW`]s whose own p99 reaches it.
+const P99_TARGET: Duration = Duration::from_millis(50);
+
+/// The p99 latency (µs) of each [`WINDOW`] of hand-over times, in order. A whole run's p99 is
+/// set by its worst 1%: one hiccup that delays a hundredth of the run's deliveries decides it.
+/// The windows tell a run that was slow throughout from one with a few bad moments.
 fn window_p99s(measured: &[Measured]) -> Vec<u64> {
     let Some(start) = measured.iter().map(|m| m.made).min() else {
         return Vec::new();
@@ -1350,7 +1363,7 @@ async fn run(s: Settings) -> Report {
         "bench: raw ceiling, {} connections for {:?}",
         s.raw_connections, s.raw
     );
-    let (raw, raw_cpu_us) = raw_ceiling(&rx, s.raw_connections, raw_body, s.raw).await;
+    let (raw, raw_cpu_us) = raw_ceiling(&rx, s.raw_connections, raw_body.clone(), s.raw).await;
     eprintln!("bench: raw ceiling {raw:.0} req/s");
 
     // 2. hookline on real Kafka, endpoints, one event through every stage.
@@ -1550,7 +1563,6 @@ async fn run(s: Settings) -> Report {
     }
     // The host's speed moves over minutes: a second raw ceiling, with hookline stopped, tells
     // how far it moved between the first phase and the last.
-    let raw_body = Bytes::from(vec![b'x'; s.body_bytes]);
     let (raw_after, _) = raw_ceiling(&rx, s.raw_connections, raw_body, s.raw).await;
     eprintln!("bench: raw ceiling at the end {raw_after:.0} req/s");
     stop.cancel();
