@@ -356,6 +356,14 @@ mod tests {
     use super::*;
     use metrics_exporter_prometheus::PrometheusBuilder;
 
+    /// The park reasons are the `reason` label of `hookline_parked_total`, which operators'
+    /// queries select on (the README's among them): pinned here, like the other label enums'.
+    #[test]
+    fn park_reason_strings_are_stable() {
+        let all: Vec<&str> = ParkReason::all().map(ParkReason::as_str).collect();
+        assert_eq!(all, ["lane_full", "breaker_open", "stalled"]);
+    }
+
     #[test]
     fn events_render_with_bounded_labels() {
         let recorder = PrometheusBuilder::new()
