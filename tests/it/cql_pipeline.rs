@@ -9,10 +9,9 @@
 //! cuts only this test's store.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -29,8 +28,6 @@ use http_body_util::BodyExt;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use scylla::client::session::Session;
 use serde_json::{Value, json};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::AbortHandle;
 use tokio_postgres::NoTls;
 use tower::ServiceExt;
 use uuid::Uuid;
@@ -39,6 +36,7 @@ use crate::pipeline::harness::{On, Pipeline, test_config, verify};
 use crate::services::fixture::{
     Topics, kafka_config, require_connect, require_cql, require_kafka, require_postgres, unique,
 };
+use crate::support::proxy::TcpProxy;
 use crate::support::receiver::{Receiver, Reply};
 
 /// Bound on every wait for the pipeline (Debezium, group joins, retries) on a busy machine.
@@ -307,91 +305,6 @@ async fn outbox_row_to_receiver_with_every_attempt_in_the_admin_api() {
         .await;
 }
 
-/// A TCP proxy to the CQL server that the test can cut: every open connection is closed and new
-/// ones are closed as soon as they are accepted, until it is restored.
-struct CqlProxy {
-    addr: SocketAddr,
-    shared: Arc<ProxyShared>,
-    accept: AbortHandle,
-}
-
-struct ProxyShared {
-    upstream: String,
-    up: AtomicBool,
-    accepted: AtomicUsize,
-    refused: AtomicUsize,
-    connections: Mutex<Vec<AbortHandle>>,
-}
-
-impl CqlProxy {
-    async fn start(upstream: &str) -> CqlProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-        let addr = listener.local_addr().expect("proxy address");
-        let shared = Arc::new(ProxyShared {
-            upstream: upstream.to_owned(),
-            up: AtomicBool::new(true),
-            accepted: AtomicUsize::new(0),
-            refused: AtomicUsize::new(0),
-            connections: Mutex::new(Vec::new()),
-        });
-        let accept = tokio::spawn({
-            let shared = shared.clone();
-            async move {
-                loop {
-                    let Ok((client, _)) = listener.accept().await else {
-                        continue;
-                    };
-                    if !shared.up.load(Ordering::SeqCst) {
-                        shared.refused.fetch_add(1, Ordering::SeqCst);
-                        drop(client);
-                        continue;
-                    }
-                    shared.accepted.fetch_add(1, Ordering::SeqCst);
-                    let upstream = shared.upstream.clone();
-                    let task = tokio::spawn(async move {
-                        let Ok(mut server) = TcpStream::connect(&upstream).await else {
-                            return;
-                        };
-                        let mut client = client;
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    });
-                    let mut open = shared.connections.lock().unwrap();
-                    open.retain(|h| !h.is_finished());
-                    open.push(task.abort_handle());
-                }
-            }
-        })
-        .abort_handle();
-        CqlProxy {
-            addr,
-            shared,
-            accept,
-        }
-    }
-
-    /// Closes every proxied connection and refuses new ones.
-    fn cut(&self) {
-        self.shared.up.store(false, Ordering::SeqCst);
-        // Aborting a copy task drops both sockets, which closes them.
-        for h in self.shared.connections.lock().unwrap().drain(..) {
-            h.abort();
-        }
-    }
-
-    fn restore(&self) {
-        self.shared.up.store(true, Ordering::SeqCst);
-    }
-}
-
-impl Drop for CqlProxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-        for h in self.shared.connections.lock().unwrap().drain(..) {
-            h.abort();
-        }
-    }
-}
-
 const OUTAGE: Duration = Duration::from_secs(30);
 /// Events in the outage test: 10 before the cut, 15 as it starts, 20 (more than an endpoint's
 /// 16 in flight, so some park in a delay tier) half-way through it, 10 after it.
@@ -406,7 +319,7 @@ async fn a_thirty_second_cql_outage_loses_nothing_and_duplicates_nothing() {
     Keyspace::migrated()
         .await
         .run(|keyspace| async move {
-            let proxy = CqlProxy::start(&node).await;
+            let proxy = TcpProxy::start(&node).await;
             let mut config = cql_config(&proxy.addr.to_string(), &keyspace);
             // Writes fail fast while the proxy is cut, so the stage's retries keep coming.
             config.store.scylla.write_timeout = Duration::from_secs(2);
@@ -441,7 +354,7 @@ async fn a_thirty_second_cql_outage_loses_nothing_and_duplicates_nothing() {
             post(0..10).await;
             receiver.wait_for(10, WAIT).await;
             wait_logged(&store, (0..10).map(delivery_of), WAIT).await;
-            let through_proxy = proxy.shared.accepted.load(Ordering::SeqCst);
+            let through_proxy = proxy.accepted();
             assert!(through_proxy > 0, "the store connected through the proxy");
 
             // During: 30 s without the CQL server, events keep coming. The cut lands as the
@@ -480,8 +393,8 @@ async fn a_thirty_second_cql_outage_loses_nothing_and_duplicates_nothing() {
                 outage.as_secs_f64(),
                 before_cut,
                 logged_after.as_secs_f64(),
-                proxy.shared.accepted.load(Ordering::SeqCst),
-                proxy.shared.refused.load(Ordering::SeqCst),
+                proxy.accepted(),
+                proxy.refused(),
             );
 
             // Nothing lost: every event reached the receiver, signed.

@@ -7,16 +7,8 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
-use crate::support::hookline_bin;
 use crate::support::receiver::{Receiver, Reply};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::support::{create_endpoint, free_port, hookline_bin, signal};
 
 /// The operator token the tests give `hookline dev`.
 const TOKEN: &str = "it_dev_token_0123456789";
@@ -74,18 +66,13 @@ impl Dev {
     /// Registers an endpoint of tenant `acme` for `order.*` at `url`; the answer, with its
     /// secret.
     async fn create_endpoint(&self, url: &str) -> serde_json::Value {
-        self.http
-            .post(format!("{}/v1/endpoints", self.base))
-            .bearer_auth(TOKEN)
-            .json(&serde_json::json!({"tenant": "acme", "url": url, "event_types": ["order.*"]}))
-            .send()
-            .await
-            .unwrap()
-            .error_for_status()
-            .expect("endpoint created")
-            .json()
-            .await
-            .unwrap()
+        create_endpoint(
+            &self.http,
+            &self.base,
+            TOKEN,
+            serde_json::json!({"tenant": "acme", "url": url, "event_types": ["order.*"]}),
+        )
+        .await
     }
 }
 
@@ -136,13 +123,7 @@ async fn dev_delivers_a_signed_event_and_drains_on_sigterm() {
         "{metrics_text}"
     );
 
-    let pid = dev.child.id().expect("running").to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .unwrap();
-    assert!(killed.success());
+    signal(dev.child.id().expect("running"), "-TERM").await;
     let status = tokio::time::timeout(Duration::from_secs(40), dev.child.wait())
         .await
         .expect("exits within 40 s of SIGTERM")
@@ -326,19 +307,8 @@ async fn a_second_signal_ends_the_drain_at_once() {
         .expect("event accepted");
     receiver.wait_for(1, Duration::from_secs(60)).await;
 
-    let pid = dev.child.id().expect("running").to_string();
-    let signal = |sig: &'static str| {
-        let pid = pid.clone();
-        async move {
-            let killed = Command::new("kill")
-                .args([sig, &pid])
-                .status()
-                .await
-                .unwrap();
-            assert!(killed.success());
-        }
-    };
-    signal("-TERM").await;
+    let pid = dev.child.id().expect("running");
+    signal(pid, "-TERM").await;
     let mut stderr = BufReader::new(dev.child.stderr.take().unwrap()).lines();
     let mut log = String::new();
     tokio::time::timeout(Duration::from_secs(10), async {
@@ -356,7 +326,7 @@ async fn a_second_signal_ends_the_drain_at_once() {
         log.contains("waiting up to 25s for 1 in-flight attempts"),
         "{log}"
     );
-    signal("-INT").await;
+    signal(pid, "-INT").await;
     let status = tokio::time::timeout(Duration::from_secs(5), dev.child.wait())
         .await
         .expect("exits at once after the second signal")
