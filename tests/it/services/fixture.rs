@@ -48,6 +48,19 @@ pub async fn require_kafka_controller() -> String {
     addr
 }
 
+/// The test broker's OUTAGE listener (`tests/services.d/kafka/server.properties`), once it
+/// answers: `(where it listens, where it tells clients to connect)`. The second address is free
+/// for a test's proxy to the first; cutting that proxy takes the broker away from the clients
+/// bootstrapped there, and from no one else.
+pub async fn require_kafka_outage_listener() -> (String, String) {
+    let listener = address("HOOKLINE_TEST_KAFKA_OUTAGE", "127.0.0.1:9094");
+    require("Kafka's OUTAGE listener", &listener).await;
+    (
+        listener,
+        address("HOOKLINE_TEST_KAFKA_OUTAGE_ADVERTISED", "127.0.0.1:9095"),
+    )
+}
+
 /// Contact point of the CQL node (Cassandra here, ScyllaDB in production), once it answers.
 pub async fn require_cql() -> String {
     let addr = address("HOOKLINE_TEST_CQL", "127.0.0.1:9042");
