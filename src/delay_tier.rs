@@ -27,7 +27,6 @@ use futures::stream::FuturesUnordered;
 use rdkafka::Message;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::FutureProducer;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::tier_name;
@@ -206,7 +205,7 @@ pub const MAX_HELD_BYTES: usize = 32 * 1024 * 1024;
 /// The delay stage: consumes every tier topic (group `hookline-delay`) and forwards due records.
 pub async fn run(
     consumer: StageConsumer,
-    producer: FutureProducer,
+    producer: crate::kafka::Producer,
     topics: DelayTopics,
     shutdown: CancellationToken,
 ) {
@@ -250,6 +249,12 @@ pub async fn run(
             msg = consumer.recv() => {
                 let msg = match msg {
                     Ok(m) => m,
+                    // A lost broker is reported by the consumer's context, held back as it
+                    // repeats.
+                    Err(e) if crate::kafka::is_broker_outage(&e) => {
+                        tracing::debug!(error = %e, "delay tier consumer error");
+                        continue;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "delay tier consumer error");
                         continue;

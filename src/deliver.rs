@@ -22,7 +22,6 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use rdkafka::Message;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::BorrowedMessage;
-use rdkafka::producer::FutureProducer;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -445,7 +444,7 @@ pub fn outgoing(topic: Arc<str>, record: &DeliveryRecord) -> Outgoing {
 /// The stage loop's state.
 struct Stage {
     deps: Arc<DeliverDeps>,
-    producer: FutureProducer,
+    producer: crate::kafka::Producer,
     settlements: Settlements,
     lanes: Lanes,
     queues: HashMap<EndpointId, VecDeque<Queued>>,
@@ -461,7 +460,7 @@ struct Stage {
 /// finish within the drain deadline, stores the settled offsets and commits.
 pub async fn run(
     consumer: StageConsumer,
-    producer: FutureProducer,
+    producer: crate::kafka::Producer,
     deps: Arc<DeliverDeps>,
     shutdown: CancellationToken,
 ) {
@@ -512,6 +511,10 @@ pub async fn run(
                     let intaken = Intaken::decode(&m);
                     drop(m);
                     stage.take(&consumer, tp, offset, intaken);
+                }
+                // A lost broker is reported by the consumer's context, held back as it repeats.
+                Err(e) if crate::kafka::is_broker_outage(&e) => {
+                    tracing::debug!(error = %e, "delivery consumer error");
                 }
                 Err(e) => tracing::warn!(error = %e, "delivery consumer error"),
             },

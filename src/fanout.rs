@@ -15,7 +15,6 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use rdkafka::Message;
 use rdkafka::message::Header;
-use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -162,7 +161,7 @@ fn invalid_record(
 /// commits what settled.
 pub async fn run(
     consumer: StageConsumer,
-    producer: FutureProducer,
+    producer: crate::kafka::Producer,
     view: Arc<EndpointView>,
     input: InputConfig,
     topics: FanoutTopics,
@@ -200,7 +199,11 @@ pub async fn run(
                 let msg = match msg {
                     Ok(m) => m,
                     Err(e) => {
-                        if e.rdkafka_error_code() != Some(rdkafka::error::RDKafkaErrorCode::UnknownTopicOrPartition) {
+                        // A lost broker is reported by the consumer's context, held back as
+                        // it repeats.
+                        if crate::kafka::is_broker_outage(&e) {
+                            tracing::debug!(error = %e, "fan-out consumer error");
+                        } else if e.rdkafka_error_code() != Some(rdkafka::error::RDKafkaErrorCode::UnknownTopicOrPartition) {
                             tracing::warn!(error = %e, "fan-out consumer error");
                         }
                         continue;

@@ -11,7 +11,6 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::FutureProducer;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
@@ -428,8 +427,8 @@ impl Checked<'_> {
         let replay_id = new_replay_id();
         let kafka = |action: String| kafka_failure(target, action);
         let reading = reading(target, request);
-        let producer: FutureProducer = producer_config(&target.bootstrap, &target.client)
-            .create()
+        let producer: crate::kafka::Producer = producer_config(&target.bootstrap, &target.client)
+            .create_with_context(crate::kafka::ProducerLog::default())
             .map_err(kafka("creating the producer".into()))?;
         let deliveries: Arc<str> = Arc::from(target.deliveries.as_str());
         let never = CancellationToken::new();

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::Consumer;
-use rdkafka::producer::FutureProducer;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -172,8 +171,11 @@ fn stage_consumer(
     .create_with_context(StageContext::new(stage))?)
 }
 
-fn producer(config: &Config) -> Result<FutureProducer, ServiceError> {
-    Ok(producer_config(&config.kafka.bootstrap_servers, &config.kafka.client).create()?)
+fn producer(config: &Config) -> Result<crate::kafka::Producer, ServiceError> {
+    Ok(
+        producer_config(&config.kafka.bootstrap_servers, &config.kafka.client)
+            .create_with_context(crate::kafka::ProducerLog::default())?,
+    )
 }
 
 /// Starts the endpoint registry (materialiser + writer) and waits until the view has caught up.

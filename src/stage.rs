@@ -9,7 +9,7 @@ use std::time::Duration;
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
@@ -38,6 +38,7 @@ pub struct StageContext {
     stage: &'static str,
     events: Arc<Mutex<Vec<RebalanceEvent>>>,
     split: Arc<Split>,
+    outage: Arc<crate::kafka::OutageLog>,
 }
 
 /// A partition's own queue, split off the consumer's queue.
@@ -127,6 +128,17 @@ impl ClientContext for StageContext {
                     "no topic matches the input pattern yet"
                 );
             }
+            _ if crate::kafka::is_broker_outage(&error) => {
+                if let Some(held_back) = self.outage.admit(std::time::Instant::now()) {
+                    tracing::error!(
+                        stage = self.stage,
+                        error = %error,
+                        reason,
+                        held_back,
+                        "kafka client error"
+                    );
+                }
+            }
             _ => tracing::error!(stage = self.stage, error = %error, reason, "kafka client error"),
         }
     }
@@ -177,6 +189,7 @@ impl StageContext {
             stage,
             events: Arc::default(),
             split: Arc::default(),
+            outage: Arc::default(),
         }
     }
 
@@ -431,7 +444,7 @@ pub struct Outgoing {
 /// copied per attempt (a header copy is one C allocation per header, on the hottest path).
 /// On failure rdkafka hands the message back and the headers are taken back out of it.
 pub async fn produce_until_acked(
-    producer: &FutureProducer,
+    producer: &crate::kafka::Producer,
     record: Outgoing,
     shutdown: &CancellationToken,
 ) -> bool {
@@ -539,7 +552,7 @@ mod rebalance_tests {
     use super::*;
     use crate::kafka::{EmbeddedKafka, TopicSpec, consumer_config, producer_config};
     use rdkafka::Message;
-    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::producer::FutureRecord;
     use std::collections::BTreeMap;
 
     /// Polls `consumer` (which runs its rebalance callbacks) until `settlements` has seen an
@@ -611,8 +624,8 @@ mod rebalance_tests {
         )
         .await;
 
-        let producer: FutureProducer = producer_config(kafka.bootstrap_servers(), &none)
-            .create()
+        let producer: crate::kafka::Producer = producer_config(kafka.bootstrap_servers(), &none)
+            .create_with_context(crate::kafka::ProducerLog::default())
             .unwrap();
         producer
             .send(

@@ -29,7 +29,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
@@ -116,7 +116,7 @@ pub trait EventSink: Send + Sync + 'static {
 
 /// Produces native envelopes to the events topic and waits for `acks=all`.
 pub struct KafkaEventSink {
-    producer: FutureProducer,
+    producer: crate::kafka::Producer,
     topic: String,
     timeout: Duration,
 }
@@ -134,9 +134,9 @@ impl KafkaEventSink {
     /// A sink with its own idempotent `acks=all` producer ([`crate::kafka::producer_config`])
     /// writing to `config.topics.events`.
     pub fn new(config: &KafkaConfig) -> Result<KafkaEventSink, SinkError> {
-        let producer: FutureProducer =
+        let producer: crate::kafka::Producer =
             crate::kafka::producer_config(&config.bootstrap_servers, &config.client)
-                .create()
+                .create_with_context(crate::kafka::ProducerLog::default())
                 .map_err(|e| SinkError::Unavailable(e.to_string()))?;
         Ok(KafkaEventSink::from_producer(
             producer,
@@ -147,7 +147,7 @@ impl KafkaEventSink {
 
     /// A sink over an existing producer (which should be idempotent with `acks=all`).
     pub fn from_producer(
-        producer: FutureProducer,
+        producer: crate::kafka::Producer,
         topic: String,
         timeout: Duration,
     ) -> KafkaEventSink {

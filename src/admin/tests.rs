@@ -1489,9 +1489,9 @@ async fn kafka_sink_produces_the_envelope_keyed_by_event_id() {
 
 #[tokio::test]
 async fn kafka_sink_gives_up_at_its_timeout_when_no_broker_answers() {
-    let producer: rdkafka::producer::FutureProducer =
+    let producer: crate::kafka::Producer =
         crate::kafka::producer_config("127.0.0.1:9", &BTreeMap::new())
-            .create()
+            .create_with_context(crate::kafka::ProducerLog::default())
             .unwrap();
     let sink = super::events::KafkaEventSink::from_producer(
         producer,

@@ -25,9 +25,11 @@ fn probe_kafka(
     shutdown: CancellationToken,
     tasks: &TaskTracker,
 ) -> Result<(), ServiceError> {
-    let probe: BaseProducer =
+    // The probe loses the broker with everyone else; its context logs that as the producers'
+    // do, held back as it repeats.
+    let probe: BaseProducer<crate::kafka::ProducerLog> =
         crate::kafka::client_config(&config.kafka.bootstrap_servers, &config.kafka.client)
-            .create()?;
+            .create_with_context(crate::kafka::ProducerLog::default())?;
     let probe = Arc::new(probe);
     tasks.spawn(async move {
         loop {

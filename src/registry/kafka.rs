@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::task::JoinHandle;
@@ -61,7 +61,9 @@ pub async fn spawn_materializer(
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest");
-    let consumer: ViewConsumer = client.create_with_context(ViewContext).map_err(kafka)?;
+    let consumer: ViewConsumer = client
+        .create_with_context(ViewContext::default())
+        .map_err(kafka)?;
     let consumer = Arc::new(consumer);
 
     // Metadata and watermark calls block; keep them off the async threads. A cluster that is
@@ -124,6 +126,10 @@ async fn materialise(
                     caught_up(&pending);
                 }
             }
+            // The client's context reports a lost broker, held back as it repeats.
+            Err(error) if crate::kafka::is_broker_outage(&error) => {
+                tracing::debug!(%error, "endpoints consumer error");
+            }
             Err(error) => {
                 // librdkafka retries by itself; a consumer error is reported, not fatal.
                 tracing::warn!(%error, "endpoints consumer error");
@@ -134,15 +140,24 @@ async fn materialise(
 }
 
 /// The view's consumer context: end-of-partition is how the view learns it has caught up, not
-/// an error worth an operator's attention, so it is not logged as one.
-struct ViewContext;
+/// an error worth an operator's attention, so it is not logged as one; a lost broker is logged
+/// as [`OutageLog`](crate::kafka::OutageLog) allows.
+#[derive(Default)]
+struct ViewContext {
+    outage: crate::kafka::OutageLog,
+}
 
 impl rdkafka::ClientContext for ViewContext {
     fn error(&self, error: KafkaError, reason: &str) {
         let eof =
             error.rdkafka_error_code() == Some(rdkafka::error::RDKafkaErrorCode::PartitionEOF);
-        if !eof {
+        if eof {
+            return;
+        }
+        if !crate::kafka::is_broker_outage(&error) {
             tracing::error!(error = %error, reason, "endpoint view consumer error");
+        } else if let Some(held_back) = self.outage.admit(std::time::Instant::now()) {
+            tracing::error!(error = %error, reason, held_back, "endpoint view consumer error");
         }
     }
 }
@@ -190,7 +205,7 @@ fn assign_from_start(
 /// Writes endpoints to the topic (key = id, `acks=all`, idempotent producer) and returns once
 /// this instance's view has applied the write.
 pub struct KafkaEndpointStore {
-    producer: FutureProducer,
+    producer: crate::kafka::Producer,
     topic: String,
     view: Arc<EndpointView>,
     key: MasterKey,
@@ -225,7 +240,9 @@ impl KafkaEndpointStore {
             .set("enable.idempotence", "true")
             .set("message.timeout.ms", timeout.as_millis().max(1).to_string());
         Ok(KafkaEndpointStore {
-            producer: client.create().map_err(kafka)?,
+            producer: client
+                .create_with_context(crate::kafka::ProducerLog::default())
+                .map_err(kafka)?,
             topic: config.topics.endpoints.clone(),
             view,
             key,
@@ -290,7 +307,6 @@ mod tests {
     use super::*;
     use rdkafka::ClientConfig;
     use rdkafka::mocking::MockCluster;
-    use rdkafka::producer::FutureProducer;
 
     const WAIT: Duration = Duration::from_secs(20);
 
@@ -304,10 +320,10 @@ mod tests {
     }
 
     async fn raw_produce(bootstrap: &str, topic: &str, key: &[u8], value: Option<&[u8]>) {
-        let p: FutureProducer = ClientConfig::new()
+        let p: crate::kafka::Producer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
             .set("linger.ms", "0")
-            .create()
+            .create_with_context(crate::kafka::ProducerLog::default())
             .unwrap();
         let mut r = FutureRecord::<[u8], [u8]>::to(topic).key(key);
         if let Some(v) = value {
