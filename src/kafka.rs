@@ -426,6 +426,75 @@ impl Drop for EmbeddedKafka {
     }
 }
 
+/// How often a client says again that it has lost every broker, while it stays lost.
+pub const OUTAGE_REPEAT: Duration = Duration::from_secs(30);
+
+/// Whether `error` says a client has lost its brokers: every connection down, or one of them
+/// failing. librdkafka reconnects by itself and repeats these every few seconds per client.
+pub fn is_broker_outage(error: &rdkafka::error::KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure)
+    )
+}
+
+/// One client's reports of a lost broker, so that an outage is logged once when it starts and
+/// then at most every [`OUTAGE_REPEAT`] with a count of the reports held back, instead of
+/// every few seconds by every client. Other errors are never held back.
+#[derive(Debug, Default)]
+pub struct OutageLog {
+    /// When the last report was logged, and how many came since.
+    last: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
+}
+
+impl OutageLog {
+    /// `None` when this report is held back, else how many were held back before it.
+    pub fn admit(&self, now: std::time::Instant) -> Option<u64> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        match *last {
+            Some((at, held)) if now.saturating_duration_since(at) < OUTAGE_REPEAT => {
+                *last = Some((at, held + 1));
+                None
+            }
+            Some((_, held)) => {
+                *last = Some((now, 0));
+                Some(held)
+            }
+            None => {
+                *last = Some((now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// The context of hookline's producers, in place of rdkafka's default: librdkafka's errors are
+/// logged at error as `kafka producer error`, a lost broker as [`OutageLog`] allows.
+#[derive(Debug, Default)]
+pub struct ProducerLog {
+    outage: OutageLog,
+}
+
+impl rdkafka::ClientContext for ProducerLog {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if !is_broker_outage(&error) {
+            tracing::error!(error = %error, reason, "kafka producer error");
+        } else if let Some(held_back) = self.outage.admit(std::time::Instant::now()) {
+            tracing::error!(error = %error, reason, held_back, "kafka producer error");
+        }
+    }
+}
+
+/// For a [`BaseProducer`](rdkafka::producer::BaseProducer) that produces nothing (the
+/// readiness probe, which only asks for metadata).
+impl rdkafka::producer::ProducerContext for ProducerLog {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, (): ()) {}
+}
+
+/// A producer of hookline's (see [`ProducerLog`]).
+pub type Producer = rdkafka::producer::FutureProducer<ProducerLog>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,8 +555,8 @@ mod tests {
             })
             .unwrap();
         let none = BTreeMap::new();
-        let producer: crate::kafka::Producer = producer_config(kafka.bootstrap_servers(), &none)
-            .create_with_context(crate::kafka::ProducerLog::default())
+        let producer: Producer = producer_config(kafka.bootstrap_servers(), &none)
+            .create_with_context(ProducerLog::default())
             .unwrap();
         producer
             .send(
@@ -506,59 +575,11 @@ mod tests {
             .unwrap();
         assert_eq!(msg.payload(), Some(&b"v"[..]));
     }
-}
-
-/// How often a client says again that it has lost every broker, while it stays lost.
-pub const OUTAGE_REPEAT: Duration = Duration::from_secs(30);
-
-/// Whether `error` says a client has lost its brokers: every connection down, or one of them
-/// failing. librdkafka reconnects by itself and repeats these every few seconds per client.
-pub fn is_broker_outage(error: &rdkafka::error::KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure)
-    )
-}
-
-/// One client's reports of a lost broker, so that an outage is logged once when it starts and
-/// then at most every [`OUTAGE_REPEAT`] with a count of the reports held back, instead of
-/// every few seconds by every client. Other errors are never held back.
-#[derive(Debug, Default)]
-pub struct OutageLog {
-    /// When the last report was logged, and how many came since.
-    last: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
-}
-
-impl OutageLog {
-    /// `None` when this report is held back, else how many were held back before it.
-    pub fn admit(&self, now: std::time::Instant) -> Option<u64> {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        match *last {
-            Some((at, held)) if now.saturating_duration_since(at) < OUTAGE_REPEAT => {
-                *last = Some((at, held + 1));
-                None
-            }
-            Some((_, held)) => {
-                *last = Some((now, 0));
-                Some(held)
-            }
-            None => {
-                *last = Some((now, 0));
-                Some(0)
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod outage_log_tests {
-    use super::*;
-    use std::time::Instant;
 
     #[test]
     fn an_outage_is_logged_once_then_every_repeat_interval_with_what_was_held_back() {
         let log = OutageLog::default();
-        let t0 = Instant::now();
+        let t0 = std::time::Instant::now();
         assert_eq!(log.admit(t0), Some(0));
         for s in 1..30 {
             assert_eq!(log.admit(t0 + Duration::from_secs(s)), None, "at {s} s");
@@ -582,30 +603,3 @@ mod outage_log_tests {
         )));
     }
 }
-
-/// The context of hookline's producers: librdkafka's errors are logged as by rdkafka's default
-/// context, except that a lost broker is logged as [`OutageLog`] allows.
-#[derive(Debug, Default)]
-pub struct ProducerLog {
-    outage: OutageLog,
-}
-
-impl rdkafka::ClientContext for ProducerLog {
-    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        if !is_broker_outage(&error) {
-            tracing::error!(error = %error, reason, "kafka producer error");
-        } else if let Some(held_back) = self.outage.admit(std::time::Instant::now()) {
-            tracing::error!(error = %error, reason, held_back, "kafka producer error");
-        }
-    }
-}
-
-/// For a [`BaseProducer`](rdkafka::producer::BaseProducer) that produces nothing (the
-/// readiness probe, which only asks for metadata).
-impl rdkafka::producer::ProducerContext for ProducerLog {
-    type DeliveryOpaque = ();
-    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, (): ()) {}
-}
-
-/// A producer of hookline's (see [`ProducerLog`]).
-pub type Producer = rdkafka::producer::FutureProducer<ProducerLog>;
