@@ -11,8 +11,11 @@ use hookline::kafka::{EmbeddedKafka, consumer_config, producer_config};
 use hookline::record::DeliveryRecord;
 use hookline::service::{self, Handles, Role};
 use hookline::signing::{SigningSecret, Verifier};
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -232,6 +235,61 @@ impl Pipeline {
                     .fetch_watermarks(topic, p.id(), timeout)
                     .expect("watermarks");
                 high - low
+            })
+            .sum()
+    }
+
+    /// Sets `topic`'s `max.message.bytes` on the real broker: from then on it refuses every
+    /// batch larger than `bytes` (MESSAGE_TOO_LARGE) while the rest of the cluster, offset
+    /// commits included, works on. `AlterConfigs` replaces the topic's dynamic settings, which
+    /// hookline gives only its compacted endpoints topic: use it on the others.
+    pub async fn limit_record_size(&self, topic: &str, bytes: u32) {
+        let admin: AdminClient<DefaultClientContext> =
+            crate::services::fixture::kafka_config(&self.config.kafka.bootstrap_servers)
+                .create()
+                .expect("Kafka admin client");
+        let bytes = bytes.to_string();
+        let change =
+            AlterConfig::new(ResourceSpecifier::Topic(topic)).set("max.message.bytes", &bytes);
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        for result in admin
+            .alter_configs([&change], &opts)
+            .await
+            .expect("AlterConfigs")
+        {
+            if let Err((resource, err)) = result {
+                panic!("setting max.message.bytes={bytes} on {resource:?}: {err}");
+            }
+        }
+    }
+
+    /// The offsets `stage`'s consumer group has committed on `topic`, summed over its partitions
+    /// (a partition with no commit counts 0). Reads them without joining the group.
+    pub fn committed(&self, stage: &str, topic: &str) -> i64 {
+        let consumer: rdkafka::consumer::BaseConsumer = consumer_config(
+            &self.config.kafka.bootstrap_servers,
+            &self.config.kafka.group(stage),
+            &self.config.kafka.client,
+        )
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("offset reader");
+        let timeout = Duration::from_secs(10);
+        let metadata = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .expect("topic metadata");
+        let mut partitions = TopicPartitionList::new();
+        for p in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            partitions.add_partition(topic, p.id());
+        }
+        consumer
+            .committed_offsets(partitions, timeout)
+            .expect("committed offsets")
+            .elements()
+            .iter()
+            .map(|e| match e.offset() {
+                Offset::Offset(n) => n,
+                _ => 0,
             })
             .sum()
     }

@@ -574,6 +574,148 @@ async fn a_dlq_range_replays_with_the_replay_header(on: On) {
     p.stop().await;
 }
 
+/// Waits until `check` holds, or fails with `what` and the last value seen.
+async fn eventually<T: std::fmt::Debug>(
+    what: &str,
+    mut probe: impl FnMut() -> T,
+    check: impl Fn(&T) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let seen = probe();
+        if check(&seen) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: still {seen:?} after {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Batches the broker will not take: smaller than any delivery record with its headers.
+const REFUSING: u32 = 64;
+/// Kafka's default `max.message.bytes`.
+const KAFKA_DEFAULT_MAX_MESSAGE: u32 = 1_048_588;
+
+/// A delivery record the broker refuses is never settled. While the deliveries topic refuses
+/// every record (a produce error while offset commits succeed), the fan-out stage commits nothing
+/// past the refused events and keeps retrying, across a restart; once the topic takes records
+/// again, every event arrives, signed. Only the real broker refuses a topic's records by size.
+async fn refused_delivery_records_hold_their_events() {
+    let p = Pipeline::start(On::Real, test_config(On::Real)).await;
+    let r = Receiver::fixed(Reply::status(200)).await;
+    let (_, secret) = p.endpoint("acme", &r.url("/"), &["*"]).await;
+    let events = p.config.kafka.topics.events.clone();
+    let deliveries = p.config.kafka.topics.deliveries.clone();
+    let before = post_numbered(&p, "ok", 5).await;
+    r.wait_for(5, WAIT).await;
+    eventually(
+        "the fan-out's committed events",
+        || p.committed("fanout", &events),
+        |n| *n == 5,
+    )
+    .await;
+
+    p.limit_record_size(&deliveries, REFUSING).await;
+    let held = post_numbered(&p, "held", 20).await;
+    // Long enough for several rounds of retries (100 ms, doubling).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        r.requests().len(),
+        5,
+        "nothing is delivered while the topic refuses"
+    );
+    assert_eq!(
+        p.records_in(&deliveries),
+        5,
+        "no delivery record was written"
+    );
+    assert_eq!(
+        p.committed("fanout", &events),
+        5,
+        "no refused event is committed"
+    );
+
+    // Stopped while its produces fail, the stage leaves the events to the next run.
+    let p = p.restart().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        p.committed("fanout", &events),
+        5,
+        "still nothing committed after the restart"
+    );
+    assert_eq!(r.requests().len(), 5);
+
+    p.limit_record_size(&deliveries, KAFKA_DEFAULT_MAX_MESSAGE)
+        .await;
+    eventually(
+        "events delivered",
+        || {
+            r.requests()
+                .iter()
+                .map(|q| verify(q, &secret))
+                .collect::<BTreeSet<_>>()
+        },
+        |ids| ids.len() == 25,
+    )
+    .await;
+    let ids: BTreeSet<String> = r.requests().iter().map(|q| verify(q, &secret)).collect();
+    let want: BTreeSet<String> = before.into_iter().chain(held).collect();
+    assert_eq!(ids, want);
+    eventually(
+        "the fan-out's committed events",
+        || p.committed("fanout", &events),
+        |n| *n == 25,
+    )
+    .await;
+    p.stop().await;
+}
+
+/// A dead letter the broker refuses keeps its delivery record unsettled: nothing is committed
+/// past it on the deliveries topic, through a restart, and once the DLQ takes records again
+/// every dead delivery lands there. 410 is dead at its first answer, so each request the
+/// receiver sees is followed by a DLQ write.
+async fn a_refused_dead_letter_holds_its_delivery() {
+    let p = Pipeline::start(On::Real, test_config(On::Real)).await;
+    let r = Receiver::fixed(Reply::status(410)).await;
+    p.endpoint("acme", &r.url("/"), &["*"]).await;
+    let dlq = p.config.kafka.topics.dlq.clone();
+    p.limit_record_size(&dlq, REFUSING).await;
+    let dead = post_numbered(&p, "dead", 3).await;
+    r.wait_for(3, WAIT).await;
+    // Several rounds of refused DLQ writes (100 ms, doubling).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(p.records_in(&dlq), 0, "the DLQ refuses every record");
+
+    let p = p.restart().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(p.records_in(&dlq), 0);
+
+    p.limit_record_size(&dlq, KAFKA_DEFAULT_MAX_MESSAGE).await;
+    let landed: BTreeSet<String> = p
+        .read(&dlq, 3, WAIT)
+        .await
+        .iter()
+        .map(|m| dead_record(m).event_id.as_str().to_owned())
+        .collect();
+    assert_eq!(landed, dead.into_iter().collect::<BTreeSet<_>>());
+    p.stop().await;
+}
+
+mod real_kafka_refusing {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refused_delivery_records_hold_their_events() {
+        super::refused_delivery_records_hold_their_events().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_dead_letter_holds_its_delivery() {
+        super::a_refused_dead_letter_holds_its_delivery().await;
+    }
+}
+
 macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         mod mock {
