@@ -474,7 +474,7 @@ pub async fn produce_until_acked(
                 // Both of rdkafka's failure paths (enqueue and delivery report) return the
                 // headers with the message.
                 headers = returned.detach_headers();
-                tracing::warn!(topic = %topic, error = %e, "produce failed; retrying");
+                crate::telemetry::produce_failed(&topic, &e);
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
                     () = shutdown.cancelled() => return false,

@@ -52,6 +52,9 @@ pub mod name {
     /// From an attempt's answer to its row being durable in the attempt log, retries included:
     /// the time its record waits, unsettled, on the store.
     pub const STORE_WRITE_DURATION: &str = "hookline_store_write_duration_seconds";
+    /// Produces the broker did not acknowledge (the record stays unsettled and is produced
+    /// again): a lost broker, or a topic that refuses records.
+    pub const PRODUCE_RETRIES: &str = "hookline_produce_retries_total";
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -111,6 +114,10 @@ fn describe() {
         metrics::Unit::Seconds,
         "Time until an attempt's row is durable in the attempt log, retries included."
     );
+    describe_counter!(
+        PRODUCE_RETRIES,
+        "Records the broker did not acknowledge, produced again (unsettled meanwhile)."
+    );
 }
 
 /// Registers every counter series (each label value of its fixed set, `tiers` for the retry
@@ -145,6 +152,7 @@ pub fn register_series<'a>(tiers: impl IntoIterator<Item = &'a str>) {
         ENDPOINTS_DISABLED,
         REPLAYED,
         STORE_ERRORS,
+        PRODUCE_RETRIES,
     ] {
         counter!(plain).increment(0);
     }
@@ -349,6 +357,19 @@ pub fn store_written(took: Duration) {
 pub fn store_error(detail: &str) {
     tracing::warn!(detail, "attempt log write failed; will retry");
     counter!(name::STORE_ERRORS).increment(1);
+}
+
+/// The process's failed produces, for [`produce_failed`]'s log.
+static FAILED_PRODUCES: crate::kafka::FailedProduceLog = crate::kafka::FailedProduceLog::new();
+
+/// A produce to `topic` failed; the record stays unsettled and is produced again. Counted every
+/// time; logged once when a topic's failures start, then at most every 30 s
+/// ([`crate::kafka::LOG_REPEAT`]) with how many were held back since.
+pub fn produce_failed(topic: &str, error: &rdkafka::error::KafkaError) {
+    counter!(name::PRODUCE_RETRIES).increment(1);
+    if let Some(held_back) = FAILED_PRODUCES.admit(topic, std::time::Instant::now()) {
+        tracing::warn!(topic, error = %error, held_back, "produce failed; retrying");
+    }
 }
 
 #[cfg(test)]

@@ -977,6 +977,7 @@ config: |
         "HooklineDeadLetters",
         "HooklineAttemptLogWritesSlow",
         "HooklineAttemptLogWriteErrors",
+        "HooklineProduceFailing",
         "HooklineManyBreakersOpen",
         "HooklineInvalidInputRecords",
         "HooklineRoleDown",
