@@ -688,10 +688,17 @@ async fn a_refused_dead_letter_holds_its_delivery() {
     // Several rounds of refused DLQ writes (100 ms, doubling).
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(p.records_in(&dlq), 0, "the DLQ refuses every record");
+    let deliveries = p.config.kafka.topics.deliveries.clone();
+    assert_eq!(
+        p.committed("deliver", &deliveries),
+        0,
+        "no delivery whose dead letter was refused is committed"
+    );
 
     let p = p.restart().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(p.records_in(&dlq), 0);
+    assert_eq!(p.committed("deliver", &deliveries), 0);
 
     p.limit_record_size(&dlq, KAFKA_DEFAULT_MAX_MESSAGE).await;
     let landed: BTreeSet<String> = p
