@@ -13,7 +13,7 @@ use hookline::service::{self, Handles, Role};
 use hookline::signing::{SigningSecret, Verifier};
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
@@ -215,24 +215,18 @@ impl Pipeline {
 
     /// How many records `topic` holds, over all its partitions (from its watermarks).
     pub fn records_in(&self, topic: &str) -> i64 {
-        let consumer: rdkafka::consumer::BaseConsumer = consumer_config(
+        let consumer: BaseConsumer = consumer_config(
             &self.config.kafka.bootstrap_servers,
             &format!("it-counter-{}", uuid::Uuid::new_v4().simple()),
             &self.config.kafka.client,
         )
         .create()
         .expect("counter");
-        let timeout = Duration::from_secs(10);
-        let metadata = consumer
-            .fetch_metadata(Some(topic), timeout)
-            .expect("topic metadata");
-        metadata
-            .topics()
-            .iter()
-            .flat_map(|t| t.partitions())
+        partition_ids(&consumer, topic)
+            .into_iter()
             .map(|p| {
                 let (low, high) = consumer
-                    .fetch_watermarks(topic, p.id(), timeout)
+                    .fetch_watermarks(topic, p, KAFKA_TIMEOUT)
                     .expect("watermarks");
                 high - low
             })
@@ -266,7 +260,7 @@ impl Pipeline {
     /// The offsets `stage`'s consumer group has committed on `topic`, summed over its partitions
     /// (a partition with no commit counts 0). Reads them without joining the group.
     pub fn committed(&self, stage: &str, topic: &str) -> i64 {
-        let consumer: rdkafka::consumer::BaseConsumer = consumer_config(
+        let consumer: BaseConsumer = consumer_config(
             &self.config.kafka.bootstrap_servers,
             &self.config.kafka.group(stage),
             &self.config.kafka.client,
@@ -274,16 +268,12 @@ impl Pipeline {
         .set("enable.auto.commit", "false")
         .create()
         .expect("offset reader");
-        let timeout = Duration::from_secs(10);
-        let metadata = consumer
-            .fetch_metadata(Some(topic), timeout)
-            .expect("topic metadata");
         let mut partitions = TopicPartitionList::new();
-        for p in metadata.topics().iter().flat_map(|t| t.partitions()) {
-            partitions.add_partition(topic, p.id());
+        for p in partition_ids(&consumer, topic) {
+            partitions.add_partition(topic, p);
         }
         consumer
-            .committed_offsets(partitions, timeout)
+            .committed_offsets(partitions, KAFKA_TIMEOUT)
             .expect("committed offsets")
             .elements()
             .iter()
@@ -325,6 +315,21 @@ impl Pipeline {
         }
         out
     }
+}
+
+/// How long the harness's metadata, watermark and offset requests may take.
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `topic`'s partition ids, from `consumer`'s metadata.
+fn partition_ids(consumer: &BaseConsumer, topic: &str) -> Vec<i32> {
+    consumer
+        .fetch_metadata(Some(topic), KAFKA_TIMEOUT)
+        .expect("topic metadata")
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions())
+        .map(|p| p.id())
+        .collect()
 }
 
 /// Checks a request's Standard Webhooks signature with `secret`; returns its webhook-id.
