@@ -414,7 +414,7 @@ impl DeliverDeps {
                     break;
                 }
                 Err(e) => {
-                    telemetry::store_error(&e.to_string());
+                    telemetry::store_error(&e);
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         () = stop.cancelled() => return None,

@@ -426,10 +426,6 @@ impl Drop for EmbeddedKafka {
     }
 }
 
-/// How often a lasting Kafka problem is logged again while it lasts: a client that has lost
-/// every broker, or a topic that refuses a producer's records.
-pub const LOG_REPEAT: Duration = Duration::from_secs(30);
-
 /// Whether `error` says a client has lost its brokers: every connection down, or one of them
 /// failing. librdkafka reconnects by itself and repeats these every few seconds per client.
 pub fn is_broker_outage(error: &rdkafka::error::KafkaError) -> bool {
@@ -440,68 +436,15 @@ pub fn is_broker_outage(error: &rdkafka::error::KafkaError) -> bool {
 }
 
 /// One client's reports of a lost broker, so that an outage is logged once when it starts and
-/// then at most every [`LOG_REPEAT`] with a count of the reports held back, instead of
+/// then at most every [`LOG_REPEAT`](crate::telemetry::LOG_REPEAT) with a count of the reports held back, instead of
 /// every few seconds by every client. Other errors are never held back.
 #[derive(Debug, Default)]
-pub struct OutageLog {
-    /// When the last report was logged, and how many came since.
-    last: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
-}
+pub struct OutageLog(crate::telemetry::RepeatLog);
 
 impl OutageLog {
     /// `None` when this report is held back, else how many were held back before it.
     pub fn admit(&self, now: std::time::Instant) -> Option<u64> {
-        admit(
-            &mut self.last.lock().unwrap_or_else(|e| e.into_inner()),
-            now,
-        )
-    }
-}
-
-/// The gate of [`OutageLog`] and [`FailedProduceLog`]: `last` is when a report
-/// was last logged and how many came since.
-fn admit(last: &mut Option<(std::time::Instant, u64)>, now: std::time::Instant) -> Option<u64> {
-    match *last {
-        Some((at, held)) if now.saturating_duration_since(at) < LOG_REPEAT => {
-            *last = Some((at, held + 1));
-            None
-        }
-        Some((_, held)) => {
-            *last = Some((now, 0));
-            Some(held)
-        }
-        None => {
-            *last = Some((now, 0));
-            Some(0)
-        }
-    }
-}
-
-/// Produces that failed, per topic, so that each topic's failures are logged once when they start
-/// and then at most every [`LOG_REPEAT`]. Every unsettled record retries its own produce, so a
-/// topic that refuses records (a lost broker, a record too large for the topic, a missing ACL)
-/// fails thousands of them every few seconds.
-#[derive(Debug, Default)]
-pub struct FailedProduceLog {
-    /// Per topic, when a failure was last logged and how many came since.
-    topics: std::sync::Mutex<BTreeMap<String, Option<(std::time::Instant, u64)>>>,
-}
-
-impl FailedProduceLog {
-    /// An empty log, for a `static`.
-    pub const fn new() -> Self {
-        FailedProduceLog {
-            topics: std::sync::Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    /// `None` when this failure is held back, else how many were held back before it.
-    pub fn admit(&self, topic: &str, now: std::time::Instant) -> Option<u64> {
-        let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
-        match topics.get_mut(topic) {
-            Some(last) => admit(last, now),
-            None => admit(topics.entry(topic.to_owned()).or_default(), now),
-        }
+        self.0.admit("brokers lost", now)
     }
 }
 
@@ -615,6 +558,7 @@ mod tests {
 
     #[test]
     fn an_outage_is_logged_once_then_every_repeat_interval_with_what_was_held_back() {
+        use crate::telemetry::LOG_REPEAT;
         let log = OutageLog::default();
         let t0 = std::time::Instant::now();
         assert_eq!(log.admit(t0), Some(0));
@@ -624,20 +568,6 @@ mod tests {
         assert_eq!(log.admit(t0 + LOG_REPEAT), Some(29));
         assert_eq!(log.admit(t0 + LOG_REPEAT + Duration::from_secs(1)), None);
         assert_eq!(log.admit(t0 + LOG_REPEAT * 3), Some(1));
-    }
-
-    #[test]
-    fn failed_produces_are_logged_once_per_topic_then_every_repeat_interval() {
-        let log = FailedProduceLog::new();
-        let t0 = std::time::Instant::now();
-        assert_eq!(log.admit("dlq", t0), Some(0));
-        assert_eq!(log.admit("retry.5s", t0), Some(0), "each topic on its own");
-        for ms in [1, 10, 1_000, 29_999] {
-            let at = t0 + Duration::from_millis(ms);
-            assert_eq!(log.admit("dlq", at), None, "at {ms} ms");
-        }
-        assert_eq!(log.admit("dlq", t0 + LOG_REPEAT), Some(4));
-        assert_eq!(log.admit("retry.5s", t0 + LOG_REPEAT), Some(0));
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! disagree. Metric names carry their unit; every label takes values from a fixed set (error
 //! classes, dead reasons, tier names, stage names), never raw endpoint ids or URLs.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
@@ -12,6 +14,7 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
 use crate::attempt::ErrorClass;
 use crate::input::InvalidReason;
 use crate::retry_policy::DeadReason;
+use crate::storage::StoreError;
 
 /// Metric names, in one place so dashboards and code agree.
 pub mod name {
@@ -353,21 +356,80 @@ pub fn store_written(took: Duration) {
     histogram!(name::STORE_WRITE_DURATION).record(took.as_secs_f64());
 }
 
-/// An attempt-log write failed; the record stays unsettled and is tried again.
-pub fn store_error(detail: &str) {
-    tracing::warn!(detail, "attempt log write failed; will retry");
+/// How often a lasting problem is logged again while it lasts: a client that has lost every
+/// broker, a topic that refuses records, an attempt log that cannot be written.
+pub const LOG_REPEAT: Duration = Duration::from_secs(30);
+
+/// Reports of lasting problems by kind, so that each kind is logged once when it starts and then
+/// at most every [`LOG_REPEAT`] with how many reports were held back, instead of once by every
+/// record that meets it. Every unsettled record retries on its own, so a topic that refuses
+/// records or a store that is down fails thousands of them every few seconds. Kinds come from
+/// fixed sets (a topic and an error code, a store error's kind), so the map stays small.
+#[derive(Debug, Default)]
+pub struct RepeatLog {
+    /// Per kind, when it was last logged and how many reports came since.
+    kinds: Mutex<BTreeMap<String, (Instant, u64)>>,
+}
+
+impl RepeatLog {
+    /// An empty log, for a `static`.
+    pub const fn new() -> Self {
+        RepeatLog {
+            kinds: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// `None` when this report of `kind` is held back, else how many were held back before it.
+    pub fn admit(&self, kind: &str, now: Instant) -> Option<u64> {
+        let mut kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        match kinds.get_mut(kind) {
+            Some((at, held)) if now.saturating_duration_since(*at) < LOG_REPEAT => {
+                *held += 1;
+                None
+            }
+            Some(last) => {
+                let held = last.1;
+                *last = (now, 0);
+                Some(held)
+            }
+            None => {
+                kinds.insert(kind.to_owned(), (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// The process's failed attempt-log writes, for [`store_error`]'s log.
+static STORE_ERROR_LOG: RepeatLog = RepeatLog::new();
+
+/// An attempt-log write failed; the record stays unsettled and is tried again. Counted every
+/// time; logged as [`RepeatLog`] allows, per kind of error (unreachable, or anything else).
+pub fn store_error(error: &StoreError) {
     counter!(name::STORE_ERRORS).increment(1);
+    let kind = match error {
+        StoreError::Unavailable(_) => "unavailable",
+        StoreError::BadCursor => "bad_cursor",
+        StoreError::Backend(_) => "backend",
+    };
+    if let Some(held_back) = STORE_ERROR_LOG.admit(kind, Instant::now()) {
+        tracing::warn!(error = %error, held_back, "attempt log write failed; retrying");
+    }
 }
 
 /// The process's failed produces, for [`produce_failed`]'s log.
-static FAILED_PRODUCES: crate::kafka::FailedProduceLog = crate::kafka::FailedProduceLog::new();
+static FAILED_PRODUCES: RepeatLog = RepeatLog::new();
 
 /// A produce to `topic` failed; the record stays unsettled and is produced again. Counted every
-/// time; logged once when a topic's failures start, then at most every 30 s
-/// ([`crate::kafka::LOG_REPEAT`]) with how many were held back since.
+/// time; logged as [`RepeatLog`] allows, per topic and error code, so that a topic whose error
+/// changes (a refused record, then a lost broker) logs the new error at once.
 pub fn produce_failed(topic: &str, error: &rdkafka::error::KafkaError) {
     counter!(name::PRODUCE_RETRIES).increment(1);
-    if let Some(held_back) = FAILED_PRODUCES.admit(topic, std::time::Instant::now()) {
+    let kind = match error.rdkafka_error_code() {
+        Some(code) => format!("{topic} {code:?}"),
+        None => topic.to_owned(),
+    };
+    if let Some(held_back) = FAILED_PRODUCES.admit(&kind, Instant::now()) {
         tracing::warn!(topic, error = %error, held_back, "produce failed; retrying");
     }
 }
@@ -376,6 +438,7 @@ pub fn produce_failed(topic: &str, error: &rdkafka::error::KafkaError) {
 mod tests {
     use super::*;
     use metrics_exporter_prometheus::PrometheusBuilder;
+    use std::sync::Arc;
 
     /// The park reasons are the `reason` label of `hookline_parked_total`, which operators'
     /// queries select on (the README's among them): pinned here, like the other label enums'.
@@ -478,6 +541,96 @@ mod tests {
         ] {
             series(&format!("{plain} 0"));
         }
+    }
+
+    #[test]
+    fn lasting_problems_are_logged_once_per_kind_then_every_repeat_interval() {
+        let log = RepeatLog::new();
+        let t0 = Instant::now();
+        assert_eq!(log.admit("dlq MessageSizeTooLarge", t0), Some(0));
+        assert_eq!(log.admit("retry.5s MessageSizeTooLarge", t0), Some(0));
+        assert_eq!(
+            log.admit("dlq MessageTimedOut", t0),
+            Some(0),
+            "a new error on the same topic is logged at once"
+        );
+        for ms in [1, 10, 1_000, 29_999] {
+            let at = t0 + Duration::from_millis(ms);
+            assert_eq!(log.admit("dlq MessageSizeTooLarge", at), None, "at {ms} ms");
+        }
+        assert_eq!(
+            log.admit("dlq MessageSizeTooLarge", t0 + LOG_REPEAT),
+            Some(4)
+        );
+        assert_eq!(
+            log.admit("retry.5s MessageSizeTooLarge", t0 + LOG_REPEAT),
+            Some(0)
+        );
+        assert_eq!(
+            log.admit("dlq MessageSizeTooLarge", t0 + LOG_REPEAT * 2),
+            Some(0),
+            "nothing held back since the last line"
+        );
+    }
+
+    /// Log lines written while a test's subscriber is the default.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl tracing_subscriber::fmt::MakeWriter<'_> for Captured {
+        type Writer = Captured;
+        fn make_writer(&self) -> Captured {
+            self.clone()
+        }
+    }
+
+    /// A store that is down fails every unsettled record's write every few seconds: each kind of
+    /// failure is one log line, while the counter counts every failure. (The only test in this
+    /// binary that fails attempt-log writes, so the process-wide gate starts empty.)
+    #[test]
+    fn a_failing_attempt_log_is_logged_once_per_kind_and_counted_every_time() {
+        let captured = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(captured.clone())
+            .with_ansi(false)
+            .finish();
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        tracing::subscriber::with_default(subscriber, || {
+            metrics::with_local_recorder(&recorder, || {
+                for n in 0..500 {
+                    store_error(&StoreError::Unavailable(format!("node {n} timed out")));
+                }
+                store_error(&StoreError::Backend("keyspace hookline missing".into()));
+                store_error(&StoreError::Backend("keyspace hookline missing".into()));
+            });
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(
+            lines[0].contains("store unavailable: node 0 timed out"),
+            "{text}"
+        );
+        assert!(lines[1].contains("keyspace hookline missing"), "{text}");
+        assert!(
+            handle
+                .render()
+                .lines()
+                .any(|l| l == "hookline_store_errors_total 502"),
+            "{}",
+            handle.render()
+        );
     }
 
     #[test]
