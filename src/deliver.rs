@@ -30,7 +30,7 @@ use crate::attempt::{Attempt, AttemptResult, ErrorClass};
 use crate::breaker::{self, Transition};
 use crate::delay_tier::Tiers;
 use crate::endpoint::{Endpoint, SecretKind};
-use crate::id::EndpointId;
+use crate::id::{DeliveryId, EndpointId};
 use crate::intake::Intake;
 use crate::lane::{LaneConfig, Lanes, LanesConfig, Permit, Refusal};
 use crate::record::{DeadInfo, DeliveryRecord, UnixMillis};
@@ -111,11 +111,57 @@ enum Done {
 /// What follows one attempt.
 pub struct AttemptReport {
     /// The record to produce before settling (a retry or the DLQ record).
-    pub follow_up: Option<Outgoing>,
+    pub follow_up: Option<FollowUp>,
     /// The receiver answered 410: disable the endpoint.
     pub disable_endpoint: bool,
     /// The logged row.
     pub row: AttemptRow,
+}
+
+/// A record that must be in Kafka before its delivery settles: a retry in a delay tier, or a
+/// dead letter in the DLQ.
+pub struct FollowUp {
+    /// The record.
+    pub out: Outgoing,
+    /// What it is, reported once the broker has it.
+    landed: Landed,
+}
+
+/// What a [`FollowUp`] reports once it is in Kafka.
+enum Landed {
+    Retry {
+        tier: String,
+    },
+    Dead {
+        delivery_id: DeliveryId,
+        endpoint_id: EndpointId,
+        reason: DeadReason,
+    },
+}
+
+impl FollowUp {
+    /// Produces the record until the broker acknowledges it (`true`) or `stop` fires (`false`:
+    /// the delivery must not settle). The retry or dead letter is logged and counted only once
+    /// it is acknowledged, so that a record whose write was refused and is tried again after a
+    /// restart is counted once, and a `dead-lettered` line means the DLQ has the record.
+    pub async fn produce(
+        self,
+        producer: &crate::kafka::Producer,
+        stop: &CancellationToken,
+    ) -> bool {
+        if !produce_until_acked(producer, self.out, stop).await {
+            return false;
+        }
+        match self.landed {
+            Landed::Retry { tier } => telemetry::retry_scheduled(&tier),
+            Landed::Dead {
+                delivery_id,
+                endpoint_id,
+                reason,
+            } => telemetry::dead_lettered(delivery_id.as_str(), endpoint_id.as_str(), reason),
+        }
+        true
+    }
 }
 
 fn signing_keys(endpoint: &Endpoint, now: SystemTime) -> Vec<SignerKey> {
@@ -349,15 +395,19 @@ impl DeliverDeps {
             }
             Decision::Retry { delay } => {
                 let tier = self.tiers.for_delay(delay);
-                telemetry::retry_scheduled(&tier.name);
                 let next = now + delay;
-                let topic = tier.topic.clone();
                 let retry = record.clone().for_retry(attempt_no, next);
+                let follow_up = FollowUp {
+                    out: outgoing(tier.topic.clone(), &retry),
+                    landed: Landed::Retry {
+                        tier: tier.name.clone(),
+                    },
+                };
                 (
                     AttemptOutcome::RetryScheduled {
                         next_attempt_at: next,
                     },
-                    Some(outgoing(topic, &retry)),
+                    Some(follow_up),
                     false,
                 )
             }
@@ -365,11 +415,6 @@ impl DeliverDeps {
                 reason,
                 disable_endpoint,
             } => {
-                telemetry::dead_lettered(
-                    record.delivery_id.as_str(),
-                    record.endpoint_id.as_str(),
-                    reason,
-                );
                 record.attempts = attempt_no;
                 let dead = record.clone().for_dlq(DeadInfo {
                     reason,
@@ -378,9 +423,17 @@ impl DeliverDeps {
                     last_attempt_at: started.into(),
                     signing_key_ids: key_ids.clone(),
                 });
+                let follow_up = FollowUp {
+                    out: outgoing(self.dlq_topic.clone(), &dead),
+                    landed: Landed::Dead {
+                        delivery_id: record.delivery_id.clone(),
+                        endpoint_id: record.endpoint_id.clone(),
+                        reason,
+                    },
+                };
                 (
                     AttemptOutcome::Dead { reason },
-                    Some(outgoing(self.dlq_topic.clone(), &dead)),
+                    Some(follow_up),
                     disable_endpoint,
                 )
             }
@@ -771,7 +824,7 @@ impl Stage {
                 None => (false, None),
                 Some(r) => {
                     let acked = match r.follow_up {
-                        Some(out) => produce_until_acked(&producer, out, &stop).await,
+                        Some(f) => f.produce(&producer, &stop).await,
                         None => true,
                     };
                     (acked, r.disable_endpoint.then(|| endpoint.id.clone()))
@@ -794,9 +847,8 @@ impl Stage {
         self.tasks.spawn(async move {
             let acked = match deps.refuse(record, reason, &stop).await {
                 Some(AttemptReport {
-                    follow_up: Some(out),
-                    ..
-                }) => produce_until_acked(&producer, out, &stop).await,
+                    follow_up: Some(f), ..
+                }) => f.produce(&producer, &stop).await,
                 Some(_) => true,
                 None => false,
             };
@@ -1068,5 +1120,75 @@ mod tests {
         let report = attempt.await.unwrap().expect("logged and reported");
         assert!(report.follow_up.is_none());
         assert_eq!(store.inner.attempts(&delivery).await.unwrap().len(), 1);
+    }
+
+    /// The DLQ write of a dead letter is refused for a while: the dead letter is logged and
+    /// counted only once the broker acknowledges it, never for the refused tries (a restart in
+    /// between would otherwise count it twice, and the log would name a record the DLQ lacks).
+    // The mock cluster is not Send: it stays on this test's thread (current-thread runtime),
+    // which is also where the local metrics recorder is installed.
+    #[tokio::test]
+    async fn a_dead_letter_is_counted_once_the_dlq_acknowledges_it() {
+        use metrics_exporter_prometheus::PrometheusBuilder;
+        use rdkafka::mocking::MockCluster;
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+        let mock = MockCluster::new(1).unwrap();
+        mock.create_topic("t.dlq", 1, 1).unwrap();
+        let producer: crate::kafka::Producer =
+            crate::kafka::producer_config(&mock.bootstrap_servers(), &Default::default())
+                .create_with_context(crate::kafka::ProducerLog::default())
+                .unwrap();
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let follow_up = || FollowUp {
+            out: Outgoing {
+                topic: Arc::from("t.dlq"),
+                key: b"ep_1".to_vec(),
+                headers: rdkafka::message::OwnedHeaders::new(),
+                payload: Bytes::from_static(b"{}"),
+            },
+            landed: Landed::Dead {
+                delivery_id: DeliveryId::parse("dlv_1").unwrap(),
+                endpoint_id: EndpointId::parse("ep_1").unwrap(),
+                reason: DeadReason::Gone,
+            },
+        };
+        let metric = |name: &str| {
+            let text = handle.render();
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let dead = r#"hookline_dead_letters_total{reason="gone"}"#;
+
+        mock.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE; 1_000],
+        );
+        // Stopped once the DLQ has refused it twice, however long that takes on a busy machine.
+        let stop = CancellationToken::new();
+        let refused_twice = async {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while metric("hookline_produce_retries_total") < 2 {
+                assert!(Instant::now() < deadline, "no refusal in 30 s");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            stop.cancel();
+        };
+        let (acked, ()) = tokio::join!(follow_up().produce(&producer, &stop), refused_twice);
+        assert!(!acked, "not acknowledged");
+        assert_eq!(metric(dead), 0, "refused, so not counted");
+
+        mock.clear_request_errors(RDKafkaApiKey::Produce);
+        let acked = tokio::time::timeout(
+            Duration::from_secs(20),
+            follow_up().produce(&producer, &CancellationToken::new()),
+        )
+        .await
+        .expect("acknowledged within 20 s once the DLQ accepts records");
+        assert!(acked);
+        assert_eq!(metric(dead), 1, "{}", handle.render());
     }
 }
