@@ -213,6 +213,21 @@ impl Pipeline {
             .expect("record produced");
     }
 
+    /// Produces `record` to `topic` as hookline writes it (key, headers, body).
+    pub async fn produce_delivery(&self, topic: &str, record: &DeliveryRecord) {
+        let out = hookline::deliver::outgoing(Arc::from(topic), record);
+        self.producer()
+            .send(
+                FutureRecord::to(topic)
+                    .key(&out.key[..])
+                    .headers(out.headers)
+                    .payload(&out.payload[..]),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("delivery record produced");
+    }
+
     /// How many records `topic` holds, over all its partitions (from its watermarks).
     pub fn records_in(&self, topic: &str) -> i64 {
         let consumer: BaseConsumer = consumer_config(

@@ -4,10 +4,13 @@
 pub(crate) mod harness;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use hookline::config::Config;
-use hookline::record::header;
+use hookline::id::{EventId, Tenant};
+use hookline::input::EventType;
+use hookline::record::{DeliveryRecord, UnixMillis, header};
 use hookline::retry_policy::DeadReason;
 use rdkafka::Message;
 use rdkafka::message::{Headers, OwnedMessage};
@@ -706,6 +709,77 @@ async fn a_refused_dead_letter_holds_its_delivery() {
     p.stop().await;
 }
 
+/// A record that reaches the delivery stage before it is due is parked in a delay tier; while
+/// every tier refuses records, the parked record stays unsettled (its offset is not committed,
+/// before or after a restart) and is neither sent nor lost. Once the tiers take records it is
+/// parked, comes back when due, and is delivered.
+async fn a_refused_park_holds_its_delivery() {
+    let p = Pipeline::start(On::Real, test_config(On::Real)).await;
+    let r = Receiver::fixed(Reply::status(200)).await;
+    let (endpoint, secret) = p.endpoint("acme", &r.url("/"), &["*"]).await;
+    let tiers = hookline::delay_tier::Tiers::new(
+        &p.config.kafka.topics.retry_prefix,
+        &p.config.retry.tiers,
+    );
+    for tier in tiers.all() {
+        p.limit_record_size(&tier.topic, REFUSING).await;
+    }
+    // Due well after the tiers take records again, so it is parked on every run, the last too.
+    let due = SystemTime::now() + Duration::from_secs(15);
+    let early = DeliveryRecord::new(
+        EventId::parse("early").unwrap(),
+        endpoint,
+        Tenant::parse("acme").unwrap(),
+        EventType::parse("t").unwrap(),
+        UnixMillis::from(SystemTime::now()),
+        None,
+        Bytes::from_static(br#"{"early":true}"#),
+    )
+    .for_park(due);
+    let deliveries = p.config.kafka.topics.deliveries.clone();
+    p.produce_delivery(&deliveries, &early).await;
+    let parked_nowhere = |p: &Pipeline| {
+        for tier in tiers.all() {
+            assert_eq!(p.records_in(&tier.topic), 0, "{} refuses", tier.topic);
+        }
+        assert_eq!(
+            p.committed("deliver", &deliveries),
+            0,
+            "a record whose park was refused is not committed"
+        );
+        assert!(r.requests().is_empty(), "sent before it was due");
+    };
+    // Several rounds of refused produces (100 ms, doubling).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    parked_nowhere(&p);
+    let p = p.restart().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    parked_nowhere(&p);
+
+    for tier in tiers.all() {
+        p.limit_record_size(&tier.topic, KAFKA_DEFAULT_MAX_MESSAGE)
+            .await;
+    }
+    let got = r.wait_for(1, WAIT).await;
+    assert!(SystemTime::now() >= due, "delivered when due, not before");
+    assert_eq!(
+        verify(&got[0], &secret),
+        "early",
+        "the event id is the webhook-id"
+    );
+    let parked: i64 = tiers.all().iter().map(|t| p.records_in(&t.topic)).sum();
+    assert_eq!(parked, 1, "parked once, in one tier");
+    // The early record, and the same record back from its tier, delivered.
+    assert_eq!(p.records_in(&deliveries), 2);
+    eventually(
+        "the deliver stage's committed offsets",
+        || p.committed("deliver", &deliveries),
+        |n| *n == 2,
+    )
+    .await;
+    p.stop().await;
+}
+
 mod real_kafka_refusing {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn refused_delivery_records_hold_their_events() {
@@ -715,6 +789,11 @@ mod real_kafka_refusing {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_refused_dead_letter_holds_its_delivery() {
         super::a_refused_dead_letter_holds_its_delivery().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_park_holds_its_delivery() {
+        super::a_refused_park_holds_its_delivery().await;
     }
 }
 
