@@ -850,6 +850,46 @@ fn alerts_fire_on_the_series_hookline_exports() {
     promtool(&["test", "rules", &tests]);
 }
 
+/// The pods carry scrape annotations unless the PodMonitor scrapes them, so that by default no
+/// series is scraped twice (which would double every sum the alerts take); `prometheusScrape`
+/// decides it either way when set.
+#[test]
+fn pods_are_scraped_once_by_default() {
+    let annotated = |args: &[&str]| -> Vec<bool> {
+        let r = render(args);
+        let deployments = r.of_kind("Deployment");
+        assert_eq!(deployments.len(), roles().len());
+        deployments
+            .iter()
+            .map(|d| {
+                d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+            })
+            .collect()
+    };
+    let every = |on: bool| vec![on; roles().len()];
+    assert_eq!(annotated(&[]), every(true), "no PodMonitor: annotated");
+    assert_eq!(
+        annotated(&["--set", "podMonitor.enabled=true"]),
+        every(false),
+        "the PodMonitor scrapes them: not annotated as well"
+    );
+    assert_eq!(
+        annotated(&[
+            "--set",
+            "podMonitor.enabled=true",
+            "--set",
+            "prometheusScrape=true"
+        ]),
+        every(true),
+        "asked for both"
+    );
+    assert_eq!(
+        annotated(&["--set", "prometheusScrape=false"]),
+        every(false),
+        "asked for none"
+    );
+}
+
 #[test]
 fn helm_is_v3() {
     let v = helm(&["version", "--short"]);
