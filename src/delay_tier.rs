@@ -249,14 +249,8 @@ pub async fn run(
             msg = consumer.recv() => {
                 let msg = match msg {
                     Ok(m) => m,
-                    // A lost broker is reported by the consumer's context, held back as it
-                    // repeats.
-                    Err(e) if crate::kafka::is_broker_outage(&e) => {
-                        tracing::debug!(error = %e, "delay tier consumer error");
-                        continue;
-                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "delay tier consumer error");
+                        crate::telemetry::consumer_error("delay", &e);
                         continue;
                     }
                 };

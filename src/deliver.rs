@@ -565,11 +565,7 @@ pub async fn run(
                     drop(m);
                     stage.take(&consumer, tp, offset, intaken);
                 }
-                // A lost broker is reported by the consumer's context, held back as it repeats.
-                Err(e) if crate::kafka::is_broker_outage(&e) => {
-                    tracing::debug!(error = %e, "delivery consumer error");
-                }
-                Err(e) => tracing::warn!(error = %e, "delivery consumer error"),
+                Err(e) => telemetry::consumer_error("deliver", &e),
             },
         }
     }

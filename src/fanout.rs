@@ -199,12 +199,10 @@ pub async fn run(
                 let msg = match msg {
                     Ok(m) => m,
                     Err(e) => {
-                        // A lost broker is reported by the consumer's context, held back as
-                        // it repeats.
-                        if crate::kafka::is_broker_outage(&e) {
-                            tracing::debug!(error = %e, "fan-out consumer error");
-                        } else if e.rdkafka_error_code() != Some(rdkafka::error::RDKafkaErrorCode::UnknownTopicOrPartition) {
-                            tracing::warn!(error = %e, "fan-out consumer error");
+                        // A named input topic that does not exist yet is reported by the
+                        // consumer's context.
+                        if e.rdkafka_error_code() != Some(rdkafka::error::RDKafkaErrorCode::UnknownTopicOrPartition) {
+                            telemetry::consumer_error("fanout", &e);
                         }
                         continue;
                     }

@@ -58,6 +58,9 @@ pub mod name {
     /// Produces the broker did not acknowledge (the record stays unsettled and is produced
     /// again): a lost broker, or a topic that refuses records.
     pub const PRODUCE_RETRIES: &str = "hookline_produce_retries_total";
+    /// Errors a stage's consumer returned in place of a record (a lost broker excepted: the
+    /// client's context reports that), by stage.
+    pub const CONSUMER_ERRORS: &str = "hookline_consumer_errors_total";
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -121,6 +124,10 @@ fn describe() {
         PRODUCE_RETRIES,
         "Records the broker did not acknowledge, produced again (unsettled meanwhile)."
     );
+    describe_counter!(
+        CONSUMER_ERRORS,
+        "Errors a stage's consumer returned in place of a record, by stage."
+    );
 }
 
 /// Registers every counter series (each label value of its fixed set, `tiers` for the retry
@@ -159,9 +166,16 @@ pub fn register_series<'a>(tiers: impl IntoIterator<Item = &'a str>) {
     ] {
         counter!(plain).increment(0);
     }
+    for stage in CONSUMER_STAGES {
+        counter!(CONSUMER_ERRORS, "stage" => stage).increment(0);
+    }
     gauge!(BREAKERS_OPEN).increment(0.0);
     gauge!(IN_FLIGHT).increment(0.0);
 }
+
+/// The stages whose consumers report through [`consumer_error`]: the label values of
+/// `hookline_consumer_errors_total`.
+pub const CONSUMER_STAGES: [&str; 4] = ["fanout", "deliver", "delay", "endpoints"];
 
 /// One HTTP attempt finished.
 pub struct AttemptFinished<'a> {
@@ -434,6 +448,29 @@ pub fn produce_failed(topic: &str, error: &rdkafka::error::KafkaError) {
     }
 }
 
+/// The process's consumer errors, for [`consumer_error`]'s log.
+static CONSUMER_ERROR_LOG: RepeatLog = RepeatLog::new();
+
+/// A stage's consumer returned an error in place of a record; librdkafka goes on by itself, so
+/// the error is reported, not fatal. A lost broker is left to the client's context, which holds
+/// it back as it repeats (logged here at debug only). Anything else is counted every time and
+/// logged as [`RepeatLog`] allows, per stage and error code: a consumer that fails on every poll
+/// logs one line per 30 s, and a different error logs at once.
+pub fn consumer_error(stage: &'static str, error: &rdkafka::error::KafkaError) {
+    if crate::kafka::is_broker_outage(error) {
+        tracing::debug!(stage, error = %error, "consumer error");
+        return;
+    }
+    counter!(name::CONSUMER_ERRORS, "stage" => stage).increment(1);
+    let kind = match error.rdkafka_error_code() {
+        Some(code) => format!("{stage} {code:?}"),
+        None => stage.to_owned(),
+    };
+    if let Some(held_back) = CONSUMER_ERROR_LOG.admit(&kind, Instant::now()) {
+        tracing::warn!(stage, error = %error, held_back, "consumer error");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -599,23 +636,13 @@ mod tests {
     /// binary that fails attempt-log writes, so the process-wide gate starts empty.)
     #[test]
     fn a_failing_attempt_log_is_logged_once_per_kind_and_counted_every_time() {
-        let captured = Captured::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(captured.clone())
-            .with_ansi(false)
-            .finish();
-        let recorder = PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
-        tracing::subscriber::with_default(subscriber, || {
-            metrics::with_local_recorder(&recorder, || {
-                for n in 0..500 {
-                    store_error(&StoreError::Unavailable(format!("node {n} timed out")));
-                }
-                store_error(&StoreError::Backend("keyspace hookline missing".into()));
-                store_error(&StoreError::Backend("keyspace hookline missing".into()));
-            });
+        let (text, rendered) = logged_and_exported(|| {
+            for n in 0..500 {
+                store_error(&StoreError::Unavailable(format!("node {n} timed out")));
+            }
+            store_error(&StoreError::Backend("keyspace hookline missing".into()));
+            store_error(&StoreError::Backend("keyspace hookline missing".into()));
         });
-        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");
         assert!(
@@ -624,13 +651,71 @@ mod tests {
         );
         assert!(lines[1].contains("keyspace hookline missing"), "{text}");
         assert!(
-            handle
-                .render()
+            rendered
                 .lines()
                 .any(|l| l == "hookline_store_errors_total 502"),
-            "{}",
-            handle.render()
+            "{rendered}"
         );
+    }
+
+    /// What `report` logs (as text) and the metrics it leaves (as Prometheus renders them), with
+    /// its own subscriber and recorder.
+    fn logged_and_exported(report: impl FnOnce()) -> (String, String) {
+        let captured = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(captured.clone())
+            .with_ansi(false)
+            .finish();
+        let recorder = PrometheusBuilder::new().build_recorder();
+        tracing::subscriber::with_default(subscriber, || {
+            metrics::with_local_recorder(&recorder, report);
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        (text, recorder.handle().render())
+    }
+
+    /// A consumer that fails on every poll (a topic it may not read, say) logs one line per
+    /// stage and error until the repeat interval passes, counts every error by stage, and leaves
+    /// a lost broker to the client's context. (The only test in this binary that reports
+    /// consumer errors, so the process-wide gate starts empty.)
+    #[test]
+    fn a_failing_consumer_is_logged_once_per_stage_and_error_and_counted_every_time() {
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+        let denied = KafkaError::MessageConsumption(RDKafkaErrorCode::TopicAuthorizationFailed);
+        let corrupt = KafkaError::MessageConsumption(RDKafkaErrorCode::InvalidMessage);
+        let lost = KafkaError::MessageConsumption(RDKafkaErrorCode::AllBrokersDown);
+        let (text, rendered) = logged_and_exported(|| {
+            register_series(["5s"]);
+            for _ in 0..300 {
+                consumer_error("deliver", &denied);
+                consumer_error("deliver", &lost);
+            }
+            consumer_error("deliver", &corrupt);
+            consumer_error("delay", &denied);
+            consumer_error("delay", &denied);
+        });
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        for (line, (stage, code)) in lines.iter().zip([
+            ("deliver", "TopicAuthorizationFailed"),
+            ("deliver", "InvalidMessage"),
+            ("delay", "TopicAuthorizationFailed"),
+        ]) {
+            assert!(line.contains("WARN"), "{text}");
+            assert!(line.contains(&format!("stage=\"{stage}\"")), "{text}");
+            assert!(line.contains(code), "{text}");
+        }
+        for series in [
+            "hookline_consumer_errors_total{stage=\"deliver\"} 301",
+            "hookline_consumer_errors_total{stage=\"delay\"} 2",
+            "hookline_consumer_errors_total{stage=\"fanout\"} 0",
+            "hookline_consumer_errors_total{stage=\"endpoints\"} 0",
+        ] {
+            assert!(
+                rendered.lines().any(|l| l == series),
+                "{series}\n{rendered}"
+            );
+        }
     }
 
     #[test]

@@ -126,14 +126,7 @@ async fn materialise(
                     caught_up(&pending);
                 }
             }
-            // The client's context reports a lost broker, held back as it repeats.
-            Err(error) if crate::kafka::is_broker_outage(&error) => {
-                tracing::debug!(%error, "endpoints consumer error");
-            }
-            Err(error) => {
-                // librdkafka retries by itself; a consumer error is reported, not fatal.
-                tracing::warn!(%error, "endpoints consumer error");
-            }
+            Err(error) => crate::telemetry::consumer_error("endpoints", &error),
         }
     }
     tracing::debug!("endpoint materialiser stopped");

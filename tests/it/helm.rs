@@ -1018,6 +1018,7 @@ config: |
         "HooklineAttemptLogWritesSlow",
         "HooklineAttemptLogWriteErrors",
         "HooklineProduceFailing",
+        "HooklineConsumerErrors",
         "HooklineManyBreakersOpen",
         "HooklineInvalidInputRecords",
         "HooklineRoleDown",
