@@ -439,12 +439,18 @@ static FAILED_PRODUCES: RepeatLog = RepeatLog::new();
 /// changes (a refused record, then a lost broker) logs the new error at once.
 pub fn produce_failed(topic: &str, error: &rdkafka::error::KafkaError) {
     counter!(name::PRODUCE_RETRIES).increment(1);
-    let kind = match error.rdkafka_error_code() {
-        Some(code) => format!("{topic} {code:?}"),
-        None => topic.to_owned(),
-    };
-    if let Some(held_back) = FAILED_PRODUCES.admit(&kind, Instant::now()) {
+    if let Some(held_back) = FAILED_PRODUCES.admit(&kafka_error_kind(topic, error), Instant::now())
+    {
         tracing::warn!(topic, error = %error, held_back, "produce failed; retrying");
+    }
+}
+
+/// The [`RepeatLog`] kind of a Kafka `error` met by `scope` (a topic, a stage): the scope and
+/// librdkafka's error code, so that a new error in the same scope logs at once.
+fn kafka_error_kind(scope: &str, error: &rdkafka::error::KafkaError) -> String {
+    match error.rdkafka_error_code() {
+        Some(code) => format!("{scope} {code:?}"),
+        None => scope.to_owned(),
     }
 }
 
@@ -462,11 +468,9 @@ pub fn consumer_error(stage: &'static str, error: &rdkafka::error::KafkaError) {
         return;
     }
     counter!(name::CONSUMER_ERRORS, "stage" => stage).increment(1);
-    let kind = match error.rdkafka_error_code() {
-        Some(code) => format!("{stage} {code:?}"),
-        None => stage.to_owned(),
-    };
-    if let Some(held_back) = CONSUMER_ERROR_LOG.admit(&kind, Instant::now()) {
+    if let Some(held_back) =
+        CONSUMER_ERROR_LOG.admit(&kafka_error_kind(stage, error), Instant::now())
+    {
         tracing::warn!(stage, error = %error, held_back, "consumer error");
     }
 }
