@@ -22,7 +22,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::id::{EventId, Tenant};
-use crate::record::{Origin, UnixMillis, build_body, collect_headers};
+use crate::record::{HeaderPairs, Origin, UnixMillis, build_body, collect_headers};
 
 /// Header carrying the machine reason on records forwarded to `hookline.invalid`.
 pub const INVALID_REASON_HEADER: &str = "hookline-invalid-reason";
@@ -374,12 +374,26 @@ pub fn parse(
 }
 
 /// Parses one rdkafka message (see [`parse`]).
-pub fn parse_message<M: Message>(
+pub fn parse_message<M>(
     config: &InputConfig,
     msg: &M,
     now: SystemTime,
-) -> Result<InputEvent, InvalidInput> {
-    let headers = msg.headers().map(collect_headers).unwrap_or_default();
+) -> Result<InputEvent, InvalidInput>
+where
+    M: Message,
+    M::Headers: HeaderPairs,
+{
+    let headers = msg
+        .headers()
+        .map(collect_headers)
+        .transpose()
+        .map_err(|e| {
+            InvalidInput::new(
+                InvalidReason::BadHeader(format!("#{}", e.index)),
+                e.to_string(),
+            )
+        })?
+        .unwrap_or_default();
     let record = InputRecord {
         topic: msg.topic(),
         partition: msg.partition(),

@@ -14,7 +14,12 @@ use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use std::ffi::{CStr, c_char, c_void};
+
+use rdkafka::bindings::{
+    rd_kafka_header_cnt, rd_kafka_header_get_all, rd_kafka_headers_t, rd_kafka_resp_err_t,
+};
+use rdkafka::message::{BorrowedHeaders, Header, Message, OwnedHeaders};
 use serde_json::value::RawValue;
 
 use crate::attempt::ErrorClass;
@@ -207,6 +212,9 @@ pub enum RecordError {
     /// The record has no value (the body).
     #[error("record has no body")]
     MissingBody,
+    /// A header's name is not UTF-8 (the header's position).
+    #[error("header {0} has a name that is not UTF-8")]
+    BadHeaderName(usize),
 }
 
 /// Builds the body sent to receivers: `{"id":..,"type":..,"timestamp":..,"data":..}` with `data`
@@ -477,19 +485,85 @@ impl DeliveryRecord {
     }
 
     /// Decodes a record straight from an rdkafka message (copies the payload once).
-    pub fn from_message<M: Message>(msg: &M) -> Result<DeliveryRecord, RecordError> {
-        let headers = msg.headers().map(collect_headers).unwrap_or_default();
+    pub fn from_message<M>(msg: &M) -> Result<DeliveryRecord, RecordError>
+    where
+        M: Message,
+        M::Headers: HeaderPairs,
+    {
+        let headers = msg
+            .headers()
+            .map(collect_headers)
+            .transpose()
+            .map_err(|e| RecordError::BadHeaderName(e.index))?
+            .unwrap_or_default();
         let payload = msg.payload().ok_or(RecordError::MissingBody)?;
         DeliveryRecord::decode(msg.key(), &headers, Bytes::copy_from_slice(payload))
     }
 }
 
-/// Borrows an rdkafka header list as `(name, value)` pairs; a null value reads as empty.
-pub fn collect_headers<H: Headers>(headers: &H) -> Vec<(&str, &[u8])> {
-    (0..headers.count())
-        .filter_map(|i| headers.try_get(i))
-        .map(|h| (h.key, h.value.unwrap_or(&[])))
-        .collect()
+/// A header whose name is not UTF-8. Kafka does not require names to be, and producers other
+/// than Java's can write any bytes; hookline's own headers always are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("header {index} has a name that is not UTF-8")]
+pub struct BadHeaderName {
+    /// The header's position in the record.
+    pub index: usize,
+}
+
+/// A header list that can be read as `(name, value)` pairs (see [`collect_headers`]).
+pub trait HeaderPairs {
+    /// The pairs in order; a null value reads as empty.
+    fn pairs(&self) -> Result<Vec<(&str, &[u8])>, BadHeaderName>;
+}
+
+impl HeaderPairs for BorrowedHeaders {
+    // Read through librdkafka's C API rather than `Headers::try_get`, which panics on a name
+    // that is not UTF-8: one such record would stop the stage reading it, on every instance the
+    // partition moved to.
+    fn pairs(&self) -> Result<Vec<(&str, &[u8])>, BadHeaderName> {
+        // rdkafka hands out a `&BorrowedHeaders` by casting librdkafka's `rd_kafka_headers_t`
+        // pointer (and casts it back for every call): its address is that pointer.
+        let native = std::ptr::from_ref(self).cast::<rd_kafka_headers_t>();
+        // SAFETY: `native` is a live header list for as long as `self` is borrowed.
+        let count = unsafe { rd_kafka_header_cnt(native) };
+        let mut pairs = Vec::with_capacity(count);
+        for index in 0..count {
+            let mut name: *const c_char = std::ptr::null();
+            let mut value: *const c_void = std::ptr::null();
+            let mut size = 0usize;
+            // SAFETY: as above; the out-pointers are valid locals, and `index < count`.
+            let err =
+                unsafe { rd_kafka_header_get_all(native, index, &mut name, &mut value, &mut size) };
+            if err != rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
+                continue;
+            }
+            // SAFETY: librdkafka stores every name NUL-terminated, and the name and value live
+            // in the header list, which outlives the borrow of `self` the pairs carry.
+            let name = unsafe { CStr::from_ptr(name) }
+                .to_str()
+                .map_err(|_| BadHeaderName { index })?;
+            let value: &[u8] = if value.is_null() {
+                &[]
+            } else {
+                // SAFETY: librdkafka gives `size` bytes at `value`, owned by the header list.
+                unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }
+            };
+            pairs.push((name, value));
+        }
+        Ok(pairs)
+    }
+}
+
+impl HeaderPairs for OwnedHeaders {
+    fn pairs(&self) -> Result<Vec<(&str, &[u8])>, BadHeaderName> {
+        self.as_borrowed().pairs()
+    }
+}
+
+/// Borrows a record's headers as `(name, value)` pairs; a null value reads as empty, and a name
+/// that is not UTF-8 is an error rather than a panic.
+pub fn collect_headers<H: HeaderPairs>(headers: &H) -> Result<Vec<(&str, &[u8])>, BadHeaderName> {
+    headers.pairs()
 }
 
 fn check_replay_id(r: &str) -> Result<&str, RecordError> {
@@ -704,10 +778,73 @@ mod tests {
             signing_key_ids: vec![],
         });
         let owned = r.to_owned_headers();
-        let headers = collect_headers(&owned);
+        let headers = collect_headers(&owned).unwrap();
         assert_eq!(headers.len(), r.encode_headers().len());
         let back = DeliveryRecord::decode(Some(r.key()), &headers, r.body.clone()).unwrap();
         assert_eq!(back, r);
+    }
+
+    /// A header list as librdkafka holds one, with names of any bytes (rdkafka's own API only
+    /// writes UTF-8 names), read through [`collect_headers`].
+    fn with_native_headers<T>(
+        headers: &[(&[u8], Option<&[u8]>)],
+        read: impl FnOnce(&BorrowedHeaders) -> T,
+    ) -> T {
+        use rdkafka::bindings::{
+            rd_kafka_header_add, rd_kafka_headers_destroy, rd_kafka_headers_new,
+        };
+        // SAFETY: the list is built, borrowed and destroyed here; names and values are copied
+        // into it by `rd_kafka_header_add`.
+        unsafe {
+            let native = rd_kafka_headers_new(headers.len());
+            for (name, value) in headers {
+                let (v, len) = value.map_or((std::ptr::null(), 0), |v| (v.as_ptr(), v.len()));
+                let err = rd_kafka_header_add(
+                    native,
+                    name.as_ptr().cast(),
+                    isize::try_from(name.len()).unwrap(),
+                    v.cast(),
+                    isize::try_from(len).unwrap(),
+                );
+                assert_eq!(err, rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR);
+            }
+            let out = read(&*native.cast::<BorrowedHeaders>());
+            rd_kafka_headers_destroy(native);
+            out
+        }
+    }
+
+    #[test]
+    fn a_header_name_that_is_not_utf8_is_an_error_not_a_panic() {
+        let pairs = with_native_headers(
+            &[(b"eventType", Some(b"order.created")), (b"empty", None)],
+            |h| {
+                collect_headers(h).map(|v| {
+                    v.into_iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_vec()))
+                        .collect::<Vec<_>>()
+                })
+            },
+        );
+        assert_eq!(
+            pairs,
+            Ok(vec![
+                ("eventType".to_owned(), b"order.created".to_vec()),
+                ("empty".to_owned(), vec![]),
+            ])
+        );
+        let bad = with_native_headers(
+            &[
+                (b"eventType", Some(b"order.created")),
+                (b"\xff\xfe", Some(b"x")),
+            ],
+            |h| collect_headers(h).map(|v| v.len()),
+        );
+        assert_eq!(bad, Err(BadHeaderName { index: 1 }));
+        assert_eq!(
+            bad.unwrap_err().to_string(),
+            "header 1 has a name that is not UTF-8"
+        );
     }
 
     fn decode_with(

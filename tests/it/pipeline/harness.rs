@@ -213,6 +213,82 @@ impl Pipeline {
             .expect("record produced");
     }
 
+    /// Produces `value` to the events topic with one header named by `name`, bytes that need
+    /// not be UTF-8: Kafka allows any, librdkafka's C API writes them, rdkafka's Rust API
+    /// cannot.
+    pub fn post_with_header_name(&self, key: &str, value: &[u8], name: &[u8]) {
+        use rdkafka::bindings::{
+            RD_KAFKA_MSG_F_COPY, rd_kafka_error_destroy, rd_kafka_error_string,
+            rd_kafka_header_add, rd_kafka_headers_new, rd_kafka_produceva, rd_kafka_vtype_t,
+            rd_kafka_vu_s__bindgen_ty_1, rd_kafka_vu_s__bindgen_ty_1__bindgen_ty_1, rd_kafka_vu_t,
+        };
+        use rdkafka::producer::{BaseProducer, Producer};
+        // A base producer: its delivery reports carry no per-message state, so a message
+        // produced around rdkafka's API reports safely.
+        let producer: BaseProducer = producer_config(
+            &self.config.kafka.bootstrap_servers,
+            &self.config.kafka.client,
+        )
+        .create()
+        .expect("producer");
+        let topic = std::ffi::CString::new(self.config.kafka.topics.events.as_str()).unwrap();
+        let mem = |bytes: &[u8]| rd_kafka_vu_s__bindgen_ty_1 {
+            mem: rd_kafka_vu_s__bindgen_ty_1__bindgen_ty_1 {
+                ptr: bytes.as_ptr().cast_mut().cast(),
+                size: bytes.len(),
+            },
+        };
+        // SAFETY: every pointer outlives the call (the flags ask librdkafka to copy key and
+        // value), and the header list passes to the message on success.
+        unsafe {
+            let headers = rd_kafka_headers_new(1);
+            rd_kafka_header_add(
+                headers,
+                name.as_ptr().cast(),
+                isize::try_from(name.len()).unwrap(),
+                b"x".as_ptr().cast(),
+                1,
+            );
+            let vus = [
+                rd_kafka_vu_t {
+                    vtype: rd_kafka_vtype_t::RD_KAFKA_VTYPE_TOPIC,
+                    u: rd_kafka_vu_s__bindgen_ty_1 {
+                        cstr: topic.as_ptr(),
+                    },
+                },
+                rd_kafka_vu_t {
+                    vtype: rd_kafka_vtype_t::RD_KAFKA_VTYPE_KEY,
+                    u: mem(key.as_bytes()),
+                },
+                rd_kafka_vu_t {
+                    vtype: rd_kafka_vtype_t::RD_KAFKA_VTYPE_VALUE,
+                    u: mem(value),
+                },
+                rd_kafka_vu_t {
+                    vtype: rd_kafka_vtype_t::RD_KAFKA_VTYPE_MSGFLAGS,
+                    u: rd_kafka_vu_s__bindgen_ty_1 {
+                        i: RD_KAFKA_MSG_F_COPY,
+                    },
+                },
+                rd_kafka_vu_t {
+                    vtype: rd_kafka_vtype_t::RD_KAFKA_VTYPE_HEADERS,
+                    u: rd_kafka_vu_s__bindgen_ty_1 { headers },
+                },
+            ];
+            let error = rd_kafka_produceva(producer.client().native_ptr(), vus.as_ptr(), vus.len());
+            if !error.is_null() {
+                let text = std::ffi::CStr::from_ptr(rd_kafka_error_string(error))
+                    .to_string_lossy()
+                    .into_owned();
+                rd_kafka_error_destroy(error);
+                panic!("produce with a raw header name: {text}");
+            }
+        }
+        producer
+            .flush(Duration::from_secs(10))
+            .expect("record with a raw header name produced");
+    }
+
     /// Produces `record` to `topic` as hookline writes it (key, headers, body).
     pub async fn produce_delivery(&self, topic: &str, record: &DeliveryRecord) {
         let out = hookline::deliver::outgoing(Arc::from(topic), record);

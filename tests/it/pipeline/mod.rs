@@ -381,15 +381,33 @@ async fn the_invalid_record(p: &Pipeline, payload: &[u8], reason: &str) -> Owned
     let mut invalid = p.read(&p.config.kafka.topics.invalid, 1, WAIT).await;
     let record = invalid.remove(0);
     assert_eq!(record.payload(), Some(payload), "kept as it was");
-    let found = record
-        .headers()
-        .unwrap()
-        .iter()
-        .find(|h| h.key == hookline::input::INVALID_REASON_HEADER)
-        .and_then(|h| h.value)
-        .map(|v| String::from_utf8_lossy(v).into_owned());
+    let found = last_header(&record, hookline::input::INVALID_REASON_HEADER)
+        .map(|v| String::from_utf8_lossy(&v).into_owned());
     assert_eq!(found.as_deref(), Some(reason));
     record
+}
+
+/// The value of the last header named `name`, read through librdkafka: a forwarded record
+/// keeps its original headers, whose names rdkafka's own reader panics on when they are not
+/// UTF-8.
+fn last_header(record: &OwnedMessage, name: &str) -> Option<Vec<u8>> {
+    use rdkafka::bindings::{rd_kafka_header_get_last, rd_kafka_headers_t, rd_kafka_resp_err_t};
+    let headers = record.headers()?.as_borrowed();
+    // rdkafka's `&BorrowedHeaders` is librdkafka's header list pointer, cast.
+    let native = std::ptr::from_ref(headers).cast::<rd_kafka_headers_t>();
+    let name = std::ffi::CString::new(name).unwrap();
+    let mut value: *const std::ffi::c_void = std::ptr::null();
+    let mut size = 0usize;
+    // SAFETY: the list lives as long as `record`; the out-pointers are valid locals.
+    let err = unsafe { rd_kafka_header_get_last(native, name.as_ptr(), &mut value, &mut size) };
+    if err != rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        return None;
+    }
+    if value.is_null() {
+        return Some(vec![]);
+    }
+    // SAFETY: librdkafka gives `size` bytes at `value`, owned by the list.
+    Some(unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }.to_vec())
 }
 
 /// A record that is neither a Debezium outbox record nor a native event lands in the invalid
@@ -402,6 +420,26 @@ async fn malformed_input_goes_to_the_invalid_topic(on: On) {
     p.post(&[("after_bad", "acme", "t", json!({}))]).await;
     r.wait_for(1, WAIT).await;
     the_invalid_record(&p, b"this is not json", "not_json").await;
+    p.stop().await;
+}
+
+/// A record whose header name is not UTF-8 (any producer but Java's can write one) lands in
+/// the invalid topic, and the events behind it are still delivered: reading its headers must
+/// not stop the fan-out.
+async fn a_header_name_that_is_not_utf8_goes_to_the_invalid_topic(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let r = Receiver::fixed(Reply::status(200)).await;
+    p.endpoint("acme", &r.url("/"), &["*"]).await;
+    let value = json!({"id": "bad_name", "tenant": "acme", "type": "t", "payload": {}}).to_string();
+    tokio::task::block_in_place(|| p.post_with_header_name("k", value.as_bytes(), b"\xff\xfe"));
+    p.post(&[("after_bad_name", "acme", "t", json!({}))]).await;
+    r.wait_for(1, WAIT).await;
+    assert_eq!(
+        r.requests()[0].header("webhook-id"),
+        Some("after_bad_name"),
+        "the record with the bad header name was not delivered"
+    );
+    the_invalid_record(&p, value.as_bytes(), "bad_header:#0").await;
     p.stop().await;
 }
 
@@ -828,6 +866,7 @@ on_both!(
     a_hanging_endpoint_does_not_hold_up_its_partition,
     a_backlog_waits_in_its_lane_and_nothing_parks,
     malformed_input_goes_to_the_invalid_topic,
+    a_header_name_that_is_not_utf8_goes_to_the_invalid_topic,
     an_undecodable_delivery_record_goes_to_the_invalid_topic,
     a_restart_mid_stream_loses_nothing,
     a_dlq_range_replays_with_the_replay_header,
