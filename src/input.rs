@@ -22,7 +22,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::id::{EventId, Tenant};
-use crate::record::{HeaderPairs, Origin, UnixMillis, build_body, collect_headers};
+use crate::record::{HeaderPairs, Origin, UnixMillis, build_body, message_headers};
 
 /// Header carrying the machine reason on records forwarded to `hookline.invalid`.
 pub const INVALID_REASON_HEADER: &str = "hookline-invalid-reason";
@@ -383,17 +383,12 @@ where
     M: Message,
     M::Headers: HeaderPairs,
 {
-    let headers = msg
-        .headers()
-        .map(collect_headers)
-        .transpose()
-        .map_err(|e| {
-            InvalidInput::new(
-                InvalidReason::BadHeader(format!("#{}", e.index)),
-                e.to_string(),
-            )
-        })?
-        .unwrap_or_default();
+    let headers = message_headers(msg).map_err(|e| {
+        InvalidInput::new(
+            InvalidReason::BadHeader(format!("#{}", e.index)),
+            e.to_string(),
+        )
+    })?;
     let record = InputRecord {
         topic: msg.topic(),
         partition: msg.partition(),

@@ -490,12 +490,7 @@ impl DeliveryRecord {
         M: Message,
         M::Headers: HeaderPairs,
     {
-        let headers = msg
-            .headers()
-            .map(collect_headers)
-            .transpose()
-            .map_err(|e| RecordError::BadHeaderName(e.index))?
-            .unwrap_or_default();
+        let headers = message_headers(msg).map_err(|e| RecordError::BadHeaderName(e.index))?;
         let payload = msg.payload().ok_or(RecordError::MissingBody)?;
         DeliveryRecord::decode(msg.key(), &headers, Bytes::copy_from_slice(payload))
     }
@@ -564,6 +559,19 @@ impl HeaderPairs for OwnedHeaders {
 /// that is not UTF-8 is an error rather than a panic.
 pub fn collect_headers<H: HeaderPairs>(headers: &H) -> Result<Vec<(&str, &[u8])>, BadHeaderName> {
     headers.pairs()
+}
+
+/// A message's headers as [`collect_headers`] reads them; none when it has none.
+pub fn message_headers<M>(msg: &M) -> Result<Vec<(&str, &[u8])>, BadHeaderName>
+where
+    M: Message,
+    M::Headers: HeaderPairs,
+{
+    Ok(msg
+        .headers()
+        .map(collect_headers)
+        .transpose()?
+        .unwrap_or_default())
 }
 
 fn check_replay_id(r: &str) -> Result<&str, RecordError> {
