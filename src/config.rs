@@ -50,9 +50,15 @@ pub const ENV_SEPARATOR: &str = "__";
 pub const MAX_TIER: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Most delay tiers accepted (each is a topic and a consumer).
 pub const MAX_TIERS: usize = 32;
-/// Largest `http.max_payload_bytes`: a payload rides in one Kafka record, and brokers refuse
-/// records over ~1 MB by default.
-pub const MAX_PAYLOAD_CEILING: u64 = 1_000_000;
+/// The largest record a producer sends unless `kafka.client` sets `message.max.bytes`
+/// (librdkafka's default).
+pub const DEFAULT_MESSAGE_MAX_BYTES: u64 = 1_000_000;
+/// Room a payload leaves in its Kafka record for what hookline adds around it: the delivered
+/// body's envelope (`id`, `type`, `timestamp`) and a delivery record's headers (ids, tenant,
+/// type, origin, signing key ids, attempt summary), each bounded to a few hundred bytes.
+/// Without it a payload just under the record limit passes the checks and then no delivery
+/// record for it can be written.
+pub const RECORD_HEADROOM: u64 = 64 * 1024;
 /// Shortest admin token accepted: shorter ones are guessable.
 pub const MIN_TOKEN_LEN: usize = 16;
 /// Longest admin token accepted.
@@ -943,6 +949,20 @@ impl Config {
         Ok(())
     }
 
+    /// The largest record hookline's producers send: `message.max.bytes` in `kafka.client`, or
+    /// librdkafka's default.
+    pub fn message_max_bytes(&self) -> Result<u64, ConfigError> {
+        match self.kafka.client.get("message.max.bytes") {
+            None => Ok(DEFAULT_MESSAGE_MAX_BYTES),
+            Some(v) => v.trim().parse().map_err(|_| {
+                invalid(
+                    "kafka.client.\"message.max.bytes\"",
+                    format!("= {v:?} is not a number of bytes"),
+                )
+            }),
+        }
+    }
+
     fn validate_http(&self) -> Result<(), ConfigError> {
         let h = &self.http;
         if h.connect_timeout.is_zero() {
@@ -961,11 +981,15 @@ impl Config {
                 ),
             ));
         }
-        if !(1..=MAX_PAYLOAD_CEILING).contains(&h.max_payload_bytes) {
+        let record_limit = self.message_max_bytes()?;
+        let ceiling = record_limit.saturating_sub(RECORD_HEADROOM);
+        if !(1..=ceiling).contains(&h.max_payload_bytes) {
             return Err(invalid(
                 "http.max_payload_bytes",
                 format!(
-                    "= {} must be between 1 and {MAX_PAYLOAD_CEILING} (one Kafka record)",
+                    "= {} must be between 1 and {ceiling}: a payload rides in one Kafka record \
+                     of at most {record_limit} bytes (kafka.client \"message.max.bytes\"), less \
+                     {RECORD_HEADROOM} for the envelope and headers hookline adds to it",
                     h.max_payload_bytes
                 ),
             ));
@@ -1438,6 +1462,18 @@ mod tests {
     }
 
     #[test]
+    fn the_payload_limit_follows_the_producers_record_limit() {
+        let most = load("[http]\nmax_payload_bytes = 934464", &[]).unwrap();
+        assert_eq!(most.http.max_payload_bytes, 934_464);
+        let larger = load(
+            "[http]\nmax_payload_bytes = 1400000\n[kafka.client]\n\"message.max.bytes\" = \"1500000\"",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(larger.http.max_payload_bytes, 1_400_000);
+    }
+
+    #[test]
     fn defaults_are_valid_and_as_documented() {
         let c = Config::from_sources(None, vec![]).unwrap();
         assert_eq!(c.kafka.topics.deliveries, "hookline.deliveries");
@@ -1712,6 +1748,20 @@ mod tests {
             (
                 "[http]\nmax_payload_bytes = 2000000",
                 "http.max_payload_bytes = 2000000 must be between",
+            ),
+            (
+                // A payload of a whole record leaves no room for what the fan-out adds.
+                "[http]\nmax_payload_bytes = 1000000",
+                "http.max_payload_bytes = 1000000 must be between 1 and 934464: a payload rides \
+                 in one Kafka record of at most 1000000 bytes",
+            ),
+            (
+                "[http]\nmax_payload_bytes = 2000000\n[kafka.client]\n\"message.max.bytes\" = \"1500000\"",
+                "http.max_payload_bytes = 2000000 must be between 1 and 1434464",
+            ),
+            (
+                "[kafka.client]\n\"message.max.bytes\" = \"1MB\"",
+                "kafka.client.\"message.max.bytes\" = \"1MB\" is not a number of bytes",
             ),
             (
                 "[http]\nallow_cidrs = [\"10.0.0.0/33\"]",

@@ -137,11 +137,33 @@ pub fn fan_out(
         .collect()
 }
 
+/// Room left in a forwarded invalid record for its headers: the original's and the two the
+/// fan-out adds.
+const INVALID_HEADROOM: usize = 64 * 1024;
+
+/// The original record, key, value and headers, with the reason added, for the invalid topic.
+/// A value that would make the record larger than the producer writes (`max_record`; an input
+/// topic may hold larger records than that) is left out, and the detail says so and where the
+/// original stays: a forward that can never be written would hold its partition forever.
 fn invalid_record(
     msg: &rdkafka::message::BorrowedMessage<'_>,
-    invalid: &InvalidInput,
+    mut invalid: InvalidInput,
     topic: &Arc<str>,
+    max_record: usize,
 ) -> Outgoing {
+    let key = msg.key().unwrap_or_default();
+    let mut value = msg.payload().unwrap_or_default();
+    if key.len() + value.len() > max_record.saturating_sub(INVALID_HEADROOM) {
+        invalid = invalid.and(&format!(
+            "the value ({} bytes) is left out, too large to forward within {max_record} bytes \
+             (kafka.client message.max.bytes); the original is at {} partition {} offset {}",
+            value.len(),
+            msg.topic(),
+            msg.partition(),
+            msg.offset()
+        ));
+        value = &[];
+    }
     let mut headers = msg.headers().map(|h| h.detach()).unwrap_or_default();
     for (key, value) in invalid.headers() {
         headers = headers.insert(Header {
@@ -151,9 +173,9 @@ fn invalid_record(
     }
     Outgoing {
         topic: topic.clone(),
-        key: msg.key().unwrap_or_default().to_vec(),
+        key: key.to_vec(),
         headers,
-        payload: bytes::Bytes::copy_from_slice(msg.payload().unwrap_or_default()),
+        payload: bytes::Bytes::copy_from_slice(value),
     }
 }
 
@@ -230,7 +252,7 @@ pub async fn run(
                     }
                     Err(invalid) => {
                         telemetry::invalid_record(&tp.0, tp.1, offset, invalid.reason.kind(), &invalid.detail);
-                        let out = invalid_record(&msg, &invalid, &topics.invalid);
+                        let out = invalid_record(&msg, invalid, &topics.invalid, input.max_record);
                         pending.push(send_all(tp, offset, vec![out]));
                     }
                 }

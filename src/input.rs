@@ -173,6 +173,10 @@ pub struct InputConfig {
     pub tenant_header: String,
     /// Largest payload accepted, in bytes.
     pub max_payload: usize,
+    /// Largest record hookline's producers write (`message.max.bytes`): an invalid record
+    /// forwarded with its value would be larger leaves the value out.
+    #[serde(skip)]
+    pub max_record: usize,
 }
 
 impl Default for InputConfig {
@@ -182,6 +186,7 @@ impl Default for InputConfig {
             type_header: "eventType".to_owned(),
             tenant_header: "tenant".to_owned(),
             max_payload: DEFAULT_MAX_PAYLOAD,
+            max_record: crate::config::DEFAULT_MESSAGE_MAX_BYTES as usize,
         }
     }
 }
@@ -315,10 +320,12 @@ pub struct InvalidInput {
 }
 
 impl InvalidInput {
+    /// The detail is cut to [`MAX_DETAIL`] bytes: it may quote a field name of any length, and
+    /// it goes to a header and the log.
     fn new(reason: InvalidReason, detail: impl Into<String>) -> InvalidInput {
         InvalidInput {
             reason,
-            detail: detail.into(),
+            detail: cut(&detail.into(), MAX_DETAIL),
         }
     }
 
@@ -329,6 +336,28 @@ impl InvalidInput {
             (INVALID_DETAIL_HEADER, self.detail.clone()),
         ]
     }
+
+    /// Adds `more`, hookline's own words, to the detail.
+    pub fn and(mut self, more: &str) -> InvalidInput {
+        self.detail.push_str("; ");
+        self.detail.push_str(more);
+        self
+    }
+}
+
+/// Longest detail taken from a record (field and header names are quoted in it), in bytes.
+pub const MAX_DETAIL: usize = 1024;
+
+/// `s` cut to at most `max` bytes at a character boundary, marked with `…` when cut.
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max - '…'.len_utf8();
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 /// The id given to an event that arrived without one: derived from where it sits in Kafka, so
@@ -928,6 +957,21 @@ mod tests {
         assert_eq!((k1, v1.as_str()), (INVALID_REASON_HEADER, code.as_str()));
         assert_eq!(k2, INVALID_DETAIL_HEADER);
         assert!(err.to_string().starts_with("invalid input (unknown_field:"));
+        // The detail quotes the name too, and is cut at a character boundary: a field name of
+        // 100,000 bytes must not double the forwarded record or flood the log.
+        let huge = "é".repeat(50_000);
+        let err = run(
+            &[],
+            format!(r#"{{"tenant":"t","type":"a","payload":1,"{huge}":2}}"#).as_bytes(),
+        )
+        .unwrap_err();
+        assert!(err.detail.len() <= MAX_DETAIL, "{}", err.detail.len());
+        assert!(err.detail.starts_with("unknown field"), "{}", err.detail);
+        assert!(
+            err.detail.ends_with("é…"),
+            "{}",
+            &err.detail[err.detail.len() - 8..]
+        );
     }
 
     #[test]

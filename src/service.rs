@@ -225,6 +225,7 @@ pub async fn start(
         consumer.subscribe(&refs)?;
         let input = InputConfig {
             max_payload: usize::try_from(config.http.max_payload_bytes).unwrap_or(usize::MAX),
+            max_record: usize::try_from(config.message_max_bytes()?).unwrap_or(usize::MAX),
             ..InputConfig::default()
         };
         let topics = FanoutTopics {

@@ -211,7 +211,11 @@ impl From<SinkError> for ApiError {
                     "the event was not accepted by Kafka; retry with the same id".to_owned(),
                 )
             }
-            SinkError::Rejected(detail) => ApiError::Internal(format!("event sink: {detail}")),
+            // The producer or broker refused the record's size: the envelope around the
+            // payload is more than `message.max.bytes` (the producer's or the topic's) allows.
+            SinkError::Rejected(detail) => ApiError::PayloadTooLarge(format!(
+                "the event is too large for its Kafka record ({detail}); send a smaller payload"
+            )),
         }
     }
 }

@@ -1487,24 +1487,35 @@ async fn kafka_sink_produces_the_envelope_keyed_by_event_id() {
     );
 }
 
-#[tokio::test]
-async fn kafka_sink_gives_up_at_its_timeout_when_no_broker_answers() {
-    let producer: crate::kafka::Producer =
-        crate::kafka::producer_config("127.0.0.1:9", &BTreeMap::new())
-            .create_with_context(crate::kafka::ProducerLog::default())
-            .unwrap();
-    let sink = super::events::KafkaEventSink::from_producer(
-        producer,
-        "hookline.events".into(),
-        Duration::from_millis(300),
-    );
+/// A Kafka sink on a port where no broker listens, with `client` properties, and a native
+/// event with `payload` to publish through it.
+fn unreachable_sink(
+    client: &[(&str, &str)],
+    timeout: Duration,
+    payload: String,
+) -> (super::events::KafkaEventSink, NativeEvent) {
+    let client: BTreeMap<String, String> = client
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let producer: crate::kafka::Producer = crate::kafka::producer_config("127.0.0.1:9", &client)
+        .create_with_context(crate::kafka::ProducerLog::default())
+        .unwrap();
+    let sink =
+        super::events::KafkaEventSink::from_producer(producer, "hookline.events".into(), timeout);
     let event = NativeEvent {
         id: crate::id::EventId::parse("evt_t").unwrap(),
         tenant: Tenant::parse("acme").unwrap(),
         event_type: crate::input::EventType::parse("a").unwrap(),
         occurred_at: SystemTime::UNIX_EPOCH,
-        payload: serde_json::value::RawValue::from_string("1".into()).unwrap(),
+        payload: serde_json::value::RawValue::from_string(payload).unwrap(),
     };
+    (sink, event)
+}
+
+#[tokio::test]
+async fn kafka_sink_gives_up_at_its_timeout_when_no_broker_answers() {
+    let (sink, event) = unreachable_sink(&[], Duration::from_millis(300), "1".into());
     let err = sink.publish(&event).await.unwrap_err();
     assert!(
         matches!(err, SinkError::Timeout(_) | SinkError::Unavailable(_)),
@@ -1513,6 +1524,24 @@ async fn kafka_sink_gives_up_at_its_timeout_when_no_broker_answers() {
     assert_eq!(
         ApiError::from(err).status(),
         StatusCode::SERVICE_UNAVAILABLE
+    );
+}
+
+#[tokio::test]
+async fn kafka_sink_answers_413_for_an_event_larger_than_its_record_limit() {
+    // librdkafka refuses the record itself, before any broker is asked.
+    let (sink, event) = unreachable_sink(
+        &[("message.max.bytes", "1000")],
+        Duration::from_secs(5),
+        format!("\"{}\"", "x".repeat(2000)),
+    );
+    let err = sink.publish(&event).await.unwrap_err();
+    assert!(matches!(err, SinkError::Rejected(_)), "{err:?}");
+    let err = ApiError::from(err);
+    assert_eq!(err.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        err.to_string().contains("too large for its Kafka record"),
+        "{err}"
     );
 }
 

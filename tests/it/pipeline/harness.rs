@@ -202,6 +202,27 @@ impl Pipeline {
             .await;
     }
 
+    /// Produces raw bytes to the events topic through a producer with librdkafka's own record
+    /// limit, whatever `kafka.client` sets for hookline: input topics may hold records larger
+    /// than hookline's producers write.
+    pub async fn post_raw_large(&self, key: &str, value: &[u8]) {
+        let mut client = self.config.kafka.client.clone();
+        client.remove("message.max.bytes");
+        let producer: FutureProducer =
+            producer_config(&self.config.kafka.bootstrap_servers, &client)
+                .create()
+                .expect("producer");
+        producer
+            .send(
+                FutureRecord::to(&self.config.kafka.topics.events)
+                    .key(key)
+                    .payload(value),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("large record produced");
+    }
+
     /// Produces raw bytes, without headers, to `topic`.
     pub async fn produce_raw(&self, topic: &str, key: &str, value: &[u8]) {
         self.producer()

@@ -443,6 +443,51 @@ async fn a_header_name_that_is_not_utf8_goes_to_the_invalid_topic(on: On) {
     p.stop().await;
 }
 
+/// An invalid input record too large for hookline's producers to forward whole (an input topic
+/// may hold records larger than their `message.max.bytes`) reaches the invalid topic without its
+/// value, its detail saying where the original is, and the events behind it are delivered. A
+/// forward that can never be written would hold its partition for good.
+async fn an_invalid_record_too_large_to_forward_goes_without_its_value(on: On) {
+    let mut config = test_config(on);
+    config
+        .kafka
+        .client
+        .insert("message.max.bytes".into(), "200000".into());
+    config.http.max_payload_bytes = 100_000;
+    let p = Pipeline::start(on, config).await;
+    let r = Receiver::fixed(Reply::status(200)).await;
+    p.endpoint("acme", &r.url("/"), &["*"]).await;
+    p.post_raw_large("big", &vec![b'x'; 250_000]).await;
+    p.post(&[("after_big", "acme", "t", json!({}))]).await;
+    r.wait_for(1, WAIT).await;
+    let record = p
+        .read(&p.config.kafka.topics.invalid, 1, WAIT)
+        .await
+        .remove(0);
+    assert_eq!(record.key(), Some(&b"big"[..]));
+    assert!(
+        record.payload().unwrap_or_default().is_empty(),
+        "the value was forwarded ({} bytes)",
+        record.payload().unwrap_or_default().len()
+    );
+    let header = |name| {
+        last_header(&record, name)
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        header(hookline::input::INVALID_REASON_HEADER),
+        "payload_too_large"
+    );
+    let detail = header(hookline::input::INVALID_DETAIL_HEADER);
+    assert!(
+        detail.contains("the value (250000 bytes) is left out")
+            && detail.contains(&format!("{} partition", p.config.kafka.topics.events)),
+        "{detail}"
+    );
+    p.stop().await;
+}
+
 /// A record on the deliveries topic that is not a delivery record (no hookline headers) is
 /// forwarded to the invalid topic byte for byte, and the deliveries behind it go on.
 async fn an_undecodable_delivery_record_goes_to_the_invalid_topic(on: On) {
@@ -867,6 +912,7 @@ on_both!(
     a_backlog_waits_in_its_lane_and_nothing_parks,
     malformed_input_goes_to_the_invalid_topic,
     a_header_name_that_is_not_utf8_goes_to_the_invalid_topic,
+    an_invalid_record_too_large_to_forward_goes_without_its_value,
     an_undecodable_delivery_record_goes_to_the_invalid_topic,
     a_restart_mid_stream_loses_nothing,
     a_dlq_range_replays_with_the_replay_header,
