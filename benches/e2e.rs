@@ -15,10 +15,12 @@
 //!    warm the broker's paced path; a broker younger than [`BROKER_WARM`] may still be compiling
 //!    it, and the report says so. Besides p50 and p99 over the run, the report counts the
 //!    500 ms windows whose own p99 misses the target: one hiccup fills a run's worst 1%;
-//! 5. isolation: the same number of events twice, first with every endpoint healthy, then with
-//!    one endpoint (one in ten by default) that never answers; the healthy endpoints' rate in
-//!    the second run is compared with their rate in the first (and, for reference, with their
-//!    share of the throughput run). The hanging endpoint is one that shares its deliveries
+//! 5. isolation: the same number of events three times: with every endpoint healthy, with
+//!    one endpoint (one in ten by default) that never answers, and healthy again once that
+//!    endpoint answers and has received every record it missed (its breaker closed, its parked
+//!    records back); the healthy endpoints' rate in the hanging run is compared with the mean
+//!    of their rates in the two healthy ones, which cancels a host whose speed drifts across
+//!    the three (and, for reference, with their share of the throughput run). The hanging endpoint is one that shares its deliveries
 //!    partition with healthy endpoints (read back from the warm-up's delivery records), and
 //!    those partition mates' rate is reported on its own: the worst case. Both runs report CPU
 //!    per record (event and endpoint, delivered or parked), which tells whether the hanging
@@ -67,7 +69,9 @@
 //! `HOOKLINE_BENCH_MAX_IN_FLIGHT` (per endpoint, config default 16),
 //! `HOOKLINE_BENCH_TIMEOUT_S` (hookline's total HTTP timeout, config default 15),
 //! `HOOKLINE_BENCH_RAW_S` (5), `HOOKLINE_BENCH_RAW_CONNECTIONS` (64), `HOOKLINE_BENCH_LATENCY_S`
-//! (10), `HOOKLINE_BENCH_LATENCY_WARMUP_S` (5; 0 skips the warm-up),
+//! (10), `HOOKLINE_BENCH_BRACKET` (1; 0 skips the healthy run after the hanging one),
+//! `HOOKLINE_BENCH_RECOVERY_S` (how long the hanging endpoint may take to recover before that
+//! run is given up, 300), `HOOKLINE_BENCH_LATENCY_WARMUP_S` (5; 0 skips the warm-up),
 //! `HOOKLINE_BENCH_LATENCY_RATE` (deliveries/s of the latency run; half the sustained rate by
 //! default), `HOOKLINE_BENCH_SWEEP` (above), `HOOKLINE_BENCH_ISOLATION_EVENTS` (as many as the
 //! throughput run), `HOOKLINE_BENCH_PHASE_S` (deadline of each delivery phase, 60),
@@ -80,10 +84,10 @@
 //! by side or one after another),
 //! `HOOKLINE_BENCH_WORKERS` (the tokio runtime's worker threads; one per core by default).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -136,6 +140,8 @@ struct Settings {
     latency_rate: Option<f64>,
     sweep: Vec<f64>,
     isolation_events: u64,
+    bracket: bool,
+    recovery_deadline: Duration,
     phase_deadline: Duration,
 }
 
@@ -173,6 +179,8 @@ impl Settings {
             // above the same endpoints' share of the throughput run, more than the effect
             // being measured.
             isolation_events: env("HOOKLINE_BENCH_ISOLATION_EVENTS", events),
+            bracket: env("HOOKLINE_BENCH_BRACKET", 1u8) != 0,
+            recovery_deadline: Duration::from_secs(env("HOOKLINE_BENCH_RECOVERY_S", 300u64)),
             phase_deadline: Duration::from_secs(env("HOOKLINE_BENCH_PHASE_S", 60u64)),
         }
     }
@@ -203,6 +211,11 @@ struct ReceiverState {
     raw: AtomicU64,
     /// Paths that never answer.
     hang: Vec<AtomicBool>,
+    /// The endpoint whose answered isolation events are collected (`usize::MAX`: none), and
+    /// their sequence numbers: when the hanging endpoint recovers, every record it missed has
+    /// been delivered once this holds them all.
+    track: AtomicUsize,
+    tracked: Mutex<HashSet<u64>>,
     /// Record (event sequence, arrival) of every `l<seq>` webhook-id while set.
     recording: AtomicBool,
     arrivals: Mutex<Vec<(u64, u64, usize)>>,
@@ -225,6 +238,8 @@ impl Receiver {
             per_endpoint: (0..endpoints).map(|_| AtomicU64::new(0)).collect(),
             raw: AtomicU64::new(0),
             hang: (0..endpoints).map(|_| AtomicBool::new(false)).collect(),
+            track: AtomicUsize::new(usize::MAX),
+            tracked: Mutex::new(HashSet::new()),
             recording: AtomicBool::new(false),
             arrivals: Mutex::new(Vec::new()),
             max_body: AtomicU64::new(0),
@@ -298,9 +313,17 @@ impl ReceiverState {
 /// The prefix of the latency run's event ids (`l42`): the events whose latency is measured.
 const MEASURED: char = 'l';
 
+/// The prefix of the hanging run's event ids.
+const HANGING_RUN: char = 'i';
+
 /// The sequence number of a measured event from its id (which is also its `webhook-id`).
 fn measured_seq(event_id: &str) -> Option<u64> {
-    event_id.strip_prefix(MEASURED)?.parse().ok()
+    seq_of(MEASURED, event_id)
+}
+
+/// The sequence number of event `{prefix}{seq}`.
+fn seq_of(prefix: char, event_id: &str) -> Option<u64> {
+    event_id.strip_prefix(prefix)?.parse().ok()
 }
 
 async fn answer(state: &ReceiverState, req: Request<Incoming>) -> Response<Empty<Bytes>> {
@@ -311,14 +334,20 @@ async fn answer(state: &ReceiverState, req: Request<Incoming>) -> Response<Empty
         .strip_prefix("/ep/")
         .and_then(|i| i.parse::<usize>().ok())
         .filter(|&i| i < state.per_endpoint.len());
-    let seq = if state.recording.load(Ordering::Relaxed) {
+    let webhook_id = || {
         req.headers()
             .get("webhook-id")
             .and_then(|v| v.to_str().ok())
-            .and_then(measured_seq)
+    };
+    let seq = if state.recording.load(Ordering::Relaxed) {
+        webhook_id().and_then(measured_seq)
     } else {
         None
     };
+    let tracked = endpoint
+        .filter(|&i| i == state.track.load(Ordering::Relaxed))
+        .and_then(|_| webhook_id())
+        .and_then(|id| seq_of(HANGING_RUN, id));
     let body = req.into_body().collect().await.map(|b| b.to_bytes());
     let len = body.map_or(0, |b| b.len() as u64);
     match endpoint {
@@ -328,6 +357,13 @@ async fn answer(state: &ReceiverState, req: Request<Incoming>) -> Response<Empty
             if state.hang[i].load(Ordering::Relaxed) {
                 // Never answer: hookline's total timeout ends the attempt and the connection.
                 std::future::pending::<()>().await;
+            }
+            if let Some(seq) = tracked {
+                state
+                    .tracked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(seq);
             }
             if let Some(seq) = seq {
                 state
@@ -843,21 +879,38 @@ struct Report {
     latency: PacedRun,
     /// The sweep's paced runs.
     sweep: Vec<PacedRun>,
-    isolation: Rate,
-    /// The healthy endpoints' rate in a run of the same size with none hanging.
-    isolation_baseline: Rate,
-    /// Their share of the throughput run's rate.
+    /// The isolation runs: none hanging, one hanging, and none hanging again once the hanging
+    /// endpoint recovered (with how long that took), when it did.
+    baseline: IsolationRun,
+    isolation: IsolationRun,
+    after: Option<(IsolationRun, Duration)>,
+    /// The healthy endpoints' share of the throughput run's rate.
     throughput_share: f64,
-    /// Healthy endpoints in the hanging endpoint's partition, and their rate with and without
-    /// the hanging one.
+    /// Healthy endpoints in the hanging endpoint's partition.
     mates: usize,
-    mates_rate: Rate,
-    mates_baseline: Rate,
     hanging_tried: u64,
-    /// CPU per record (event and endpoint, delivered or parked) of the baseline and the
-    /// hanging run: whether the hanging endpoint's records cost more than deliveries, or the
-    /// host changed speed between the two.
-    isolation_cpu: [Option<CpuUse>; 2],
+}
+
+/// One isolation run: the healthy endpoints' rate, that of the hanging endpoint's partition
+/// mates among them, and CPU per record (event and endpoint, delivered or parked), which tells
+/// whether the hanging endpoint's records cost more than deliveries or the host changed speed
+/// between the runs.
+struct IsolationRun {
+    healthy: Rate,
+    mates: Rate,
+    cpu: Option<CpuUse>,
+}
+
+impl Report {
+    /// The rate `run` measured as a share of the same measure's baseline: the mean of the runs
+    /// before and after the hanging one, or the one before alone.
+    fn of_baseline(&self, measure: impl Fn(&IsolationRun) -> f64) -> f64 {
+        let base = match &self.after {
+            Some((after, _)) => (measure(&self.baseline) + measure(after)) / 2.0,
+            None => measure(&self.baseline),
+        };
+        measure(&self.isolation) / base * 100.0
+    }
 }
 
 impl Report {
@@ -917,7 +970,7 @@ impl Report {
     fn print(&self) {
         let s = &self.settings;
         let ratio = self.throughput.steady_per_s / self.raw * 100.0;
-        let iso_pct = self.isolation.steady_per_s / self.isolation_baseline.steady_per_s * 100.0;
+        let iso_pct = self.of_baseline(|r| r.healthy.steady_per_s);
         let row =
             |k: &str, v: String, target: &str| println!("| {k:<44} | {v:>22} | {target:<14} |");
         println!();
@@ -1038,9 +1091,17 @@ impl Report {
             ("throughput", "delivery", self.throughput_cpu),
             ("latency run", "delivery", self.latency.cpu),
             // Isolation runs: per event and endpoint, delivered or (the hanging one's) parked.
-            ("baseline", "record", self.isolation_cpu[0]),
-            ("1 hanging", "record", self.isolation_cpu[1]),
+            ("baseline", "record", self.baseline.cpu),
+            ("1 hanging", "record", self.isolation.cpu),
+            (
+                "baseline 2",
+                "record",
+                self.after.as_ref().and_then(|(a, _)| a.cpu),
+            ),
         ] {
+            if phase == "baseline 2" && self.after.is_none() {
+                continue;
+            }
             let Some(c) = cpu else {
                 row(&format!("CPU, {phase}"), "unknown (no /proc)".into(), "");
                 continue;
@@ -1065,35 +1126,66 @@ impl Report {
         }
         row(
             "healthy rate, 1 endpoint hanging (del./s)",
-            format!("{:.0}", self.isolation.steady_per_s),
+            format!("{:.0}", self.isolation.healthy.steady_per_s),
             "",
         );
         row(
-            "  baseline (same run, none hanging)",
-            format!("{:.0}", self.isolation_baseline.steady_per_s),
+            "  baseline before (none hanging)",
+            format!("{:.0}", self.baseline.healthy.steady_per_s),
             "",
         );
-        row("  % of baseline", format!("{iso_pct:.1}%"), ">= 90%");
+        match (&self.after, self.settings.bracket) {
+            (Some((after, recovery)), _) => {
+                row(
+                    "  baseline after (none hanging)",
+                    format!("{:.0}", after.healthy.steady_per_s),
+                    "",
+                );
+                row(
+                    "  hanging endpoint recovered in (s)",
+                    format!("{:.1}", recovery.as_secs_f64()),
+                    "",
+                );
+            }
+            (None, true) => row(
+                "  baseline after",
+                format!(
+                    "none: not recovered in {} s",
+                    self.settings.recovery_deadline.as_secs()
+                ),
+                "",
+            ),
+            (None, false) => row("  baseline after", "not asked for".into(), ""),
+        }
+        row(
+            if self.after.is_some() {
+                "  % of baseline (mean of before and after)"
+            } else {
+                "  % of baseline"
+            },
+            format!("{iso_pct:.1}%"),
+            ">= 90%",
+        );
         row(
             "  % of their share of the throughput run",
             format!(
                 "{:.1}%",
-                self.isolation.steady_per_s / self.throughput_share * 100.0
+                self.isolation.healthy.steady_per_s / self.throughput_share * 100.0
             ),
             "",
         );
         row(
             "  healthy delivered / expected",
-            format!("{} / {}", self.isolation.delivered, self.isolation.expected),
+            format!(
+                "{} / {}",
+                self.isolation.healthy.delivered, self.isolation.healthy.expected
+            ),
             "",
         );
         if self.mates > 0 {
             row(
                 &format!("  {} sharing its partition: % of baseline", self.mates),
-                format!(
-                    "{:.1}%",
-                    self.mates_rate.steady_per_s / self.mates_baseline.steady_per_s * 100.0
-                ),
+                format!("{:.1}%", self.of_baseline(|r| r.mates.steady_per_s)),
                 "",
             );
         } else {
@@ -1490,41 +1582,58 @@ async fn run(s: Settings) -> Report {
     }
 
     // 5. Isolation: one endpoint hangs, chosen to share its partition with healthy ones. Its
-    // baseline is a run of the same size with every endpoint healthy, just before: a rate
-    // depends on the run's length (ramp-up and tail weigh more in a short one) and on what
-    // else this shared machine does at the time, so the throughput run is no fair yardstick.
+    // baseline is a run of the same size with every endpoint healthy, just before and (once the
+    // hanging endpoint has recovered) just after: a rate depends on the run's length (ramp-up
+    // and tail weigh more in a short one) and on what else this shared machine does at the
+    // time, so the throughput run is no fair yardstick, and the host's speed drifts over the
+    // seconds between two runs.
     let (hanging, mates) = pick_hanging(&partitions);
     let healthy: Vec<usize> = all.iter().copied().filter(|&i| i != hanging).collect();
     let iso_expected = s.isolation_events * healthy.len() as u64;
     let mates_expected = s.isolation_events * mates.len() as u64;
+    // Per record of a run (event and endpoint), so the runs compare: in the hanging one a
+    // tenth of them are parked rather than delivered.
+    let records = s.isolation_events * e;
+    let isolation_run = |prefix: char, phase: &'static str, endpoints: &[usize]| {
+        set_phase(phase);
+        let watch = rx.spawn_watch(healthy.clone(), iso_expected, s.phase_deadline);
+        let mates_watch = rx.spawn_watch(mates.clone(), mates_expected, s.phase_deadline);
+        let all_watch = rx.spawn_watch(
+            endpoints.to_vec(),
+            s.isolation_events * endpoints.len() as u64,
+            s.phase_deadline,
+        );
+        let broker = broker.as_deref();
+        let producer = &producer;
+        let topic = &topic;
+        async move {
+            let before = cpu_sample(broker);
+            produce(
+                producer,
+                topic,
+                (prefix, 0),
+                s.isolation_events,
+                s.body_bytes,
+                None,
+            )
+            .await;
+            let rate = watch.await.expect("watcher");
+            let mates_rate = mates_watch.await.expect("watcher");
+            // A baseline's deliveries all land before the next run starts.
+            let _ = all_watch.await;
+            let cpu = cpu_use(before, cpu_sample(broker), records);
+            IsolationRun {
+                healthy: rate,
+                mates: mates_rate,
+                cpu,
+            }
+        }
+    };
     eprintln!(
         "bench: isolation baseline, every endpoint healthy; {} events",
         s.isolation_events
     );
-    set_phase("baseline");
-    let base_watch = rx.spawn_watch(healthy.clone(), iso_expected, s.phase_deadline);
-    let base_mates_watch = rx.spawn_watch(mates.clone(), mates_expected, s.phase_deadline);
-    let base_all_watch = rx.spawn_watch(all.clone(), s.isolation_events * e, s.phase_deadline);
-    let base_cpu_before = cpu_sample(broker.as_deref());
-    let isolation_burst = |prefix| {
-        produce(
-            &producer,
-            &topic,
-            (prefix, 0),
-            s.isolation_events,
-            s.body_bytes,
-            None,
-        )
-    };
-    isolation_burst('b').await;
-    let isolation_baseline = base_watch.await.expect("watcher");
-    let mates_baseline = base_mates_watch.await.expect("watcher");
-    // Every delivery of the baseline lands before the endpoint starts hanging.
-    let _ = base_all_watch.await;
-    // Per record of the run (event and endpoint), so the two runs compare: in the hanging one
-    // a tenth of them are parked rather than delivered.
-    let records = s.isolation_events * e;
-    let base_cpu = cpu_use(base_cpu_before, cpu_sample(broker.as_deref()), records);
+    let baseline = isolation_run('b', "baseline", &all).await;
     rx.state.hang[hanging].store(true, Ordering::Relaxed);
     let hang_before = rx.count(hanging);
     eprintln!(
@@ -1532,20 +1641,54 @@ async fn run(s: Settings) -> Report {
          {mates:?}); {} events",
         partitions[hanging], s.isolation_events
     );
-    set_phase("hanging");
-    let iso_watch = rx.spawn_watch(healthy.clone(), iso_expected, s.phase_deadline);
-    let mates_watch = rx.spawn_watch(mates.clone(), mates_expected, s.phase_deadline);
-    let iso_cpu_before = cpu_sample(broker.as_deref());
-    isolation_burst('i').await;
-    let isolation = iso_watch.await.expect("watcher");
-    let iso_cpu = cpu_use(iso_cpu_before, cpu_sample(broker.as_deref()), records);
-    let mates_rate = mates_watch.await.expect("watcher");
+    let isolation = isolation_run(HANGING_RUN, "hanging", &healthy).await;
     let hanging_tried = rx.count(hanging) - hang_before;
     let throughput_share = throughput.steady_per_s * healthy.len() as f64 / e as f64;
     eprintln!(
         "bench: healthy {:.0}/s with one hanging ({} / {})",
-        isolation.steady_per_s, isolation.delivered, isolation.expected
+        isolation.healthy.steady_per_s, isolation.healthy.delivered, isolation.healthy.expected
     );
+    // The second baseline needs the hanging endpoint recovered: its breaker closed and every
+    // record it missed delivered, or its retries would run beside the baseline.
+    let after = if s.bracket {
+        set_phase("recovery");
+        *rx.state.tracked.lock().unwrap_or_else(|e| e.into_inner()) = HashSet::new();
+        rx.state.track.store(hanging, Ordering::Relaxed);
+        rx.state.hang[hanging].store(false, Ordering::Relaxed);
+        let started = Instant::now();
+        let recovered = loop {
+            let n = rx
+                .state
+                .tracked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .len() as u64;
+            if n >= s.isolation_events {
+                break true;
+            }
+            if started.elapsed() >= s.recovery_deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        rx.state.track.store(usize::MAX, Ordering::Relaxed);
+        let recovery = started.elapsed();
+        if recovered {
+            eprintln!(
+                "bench: endpoint {hanging} recovered in {:.1} s; isolation baseline again",
+                recovery.as_secs_f64()
+            );
+            Some((isolation_run('a', "baseline after", &all).await, recovery))
+        } else {
+            eprintln!(
+                "bench: endpoint {hanging} did not recover within {:?}; no second baseline",
+                s.recovery_deadline
+            );
+            None
+        }
+    } else {
+        None
+    };
 
     timeline_stop.cancel();
     if let Some(t) = timeline {
@@ -1581,14 +1724,12 @@ async fn run(s: Settings) -> Report {
         throughput_cpu,
         latency,
         sweep,
+        baseline,
         isolation,
-        isolation_baseline,
+        after,
         throughput_share,
         mates: mates.len(),
-        mates_rate,
-        mates_baseline,
         hanging_tried,
-        isolation_cpu: [base_cpu, iso_cpu],
     }
 }
 
