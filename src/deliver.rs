@@ -502,6 +502,9 @@ struct Stage {
     lanes: Lanes,
     queues: HashMap<EndpointId, VecDeque<Queued>>,
     plans: HashMap<EndpointId, Arc<SendPlan>>,
+    /// The next free turn of each rate-limited endpoint whose records are parked for their
+    /// turn (see [`Stage::rate_limited_turn`]).
+    turns: HashMap<EndpointId, SystemTime>,
     done_tx: mpsc::UnboundedSender<Done>,
     parks: mpsc::UnboundedSender<(Tp, i64, bool)>,
     tasks: TaskTracker,
@@ -524,6 +527,7 @@ pub async fn run(
         lanes: Lanes::new(deps.lanes),
         queues: HashMap::new(),
         plans: HashMap::new(),
+        turns: HashMap::new(),
         deps,
         producer,
         done_tx,
@@ -703,6 +707,12 @@ impl Stage {
             self.park(tp, offset, record, due, ParkReason::LaneFull);
             return;
         }
+        let queued = queue.len();
+        if let Some(due) = self.rate_limited_turn(&endpoint, queued) {
+            self.park(tp, offset, record, due, ParkReason::LaneFull);
+            return;
+        }
+        let queue = self.queues.entry(endpoint.id.clone()).or_default();
         let id = endpoint.id.clone();
         queue.push_back(Queued {
             tp,
@@ -711,6 +721,38 @@ impl Stage {
             endpoint,
         });
         self.dispatch(&id);
+    }
+
+    /// When `endpoint` has a rate limit and its queue (`queued` records) already holds what that
+    /// rate sends within the shortest tier's delay: the time a record arriving now gets its turn,
+    /// booked after those queued and parked before it. The record is parked until then. Held
+    /// here instead, a slow rate's backlog would fill its partition's window (at 1 request a
+    /// second, 1,000 records wait 17 minutes), and every endpoint sharing the partition would
+    /// wait behind it. A turn beyond the longest tier comes back with that tier and is booked
+    /// again.
+    fn rate_limited_turn(&mut self, endpoint: &Endpoint, queued: usize) -> Option<SystemTime> {
+        let rate = endpoint.rate_limit_per_s.filter(|r| *r > 0.0)?;
+        let room = (rate * self.deps.tiers.shortest().delay.as_secs_f64()).ceil();
+        if (queued as f64) < room.max(1.0) {
+            return None;
+        }
+        let now = SystemTime::now();
+        let step = Duration::from_secs_f64(1.0 / rate);
+        let after_queue = now + step.mul_f64(queued as f64);
+        if self.turns.len() >= MAX_PLANS {
+            self.turns.retain(|_, turn| *turn > now);
+        }
+        let turn = self.turns.entry(endpoint.id.clone()).or_insert(after_queue);
+        *turn = (*turn).max(after_queue);
+        let due = *turn;
+        *turn += step;
+        let longest = self
+            .deps
+            .tiers
+            .all()
+            .last()
+            .map_or(Duration::ZERO, |t| t.delay);
+        Some(due.min(now + longest))
     }
 
     fn lane_config(&self, endpoint: &Endpoint) -> LaneConfig {

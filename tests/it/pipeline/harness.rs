@@ -145,6 +145,17 @@ impl Pipeline {
 
     /// Creates an endpoint; returns its id and its `whsec_` secret.
     pub async fn endpoint(&self, tenant: &str, url: &str, types: &[&str]) -> (EndpointId, String) {
+        self.endpoint_limited(tenant, url, types, None).await
+    }
+
+    /// [`Pipeline::endpoint`] with a rate limit (requests per second).
+    pub async fn endpoint_limited(
+        &self,
+        tenant: &str,
+        url: &str,
+        types: &[&str],
+        rate_limit_per_s: Option<f64>,
+    ) -> (EndpointId, String) {
         let secret = SigningSecret::generate();
         let whsec = secret.expose_whsec().to_string();
         let endpoint = Endpoint::create(
@@ -153,7 +164,7 @@ impl Pipeline {
                 url: url.to_owned(),
                 event_types: types.iter().map(|s| s.to_string()).collect(),
                 max_in_flight: None,
-                rate_limit_per_s: None,
+                rate_limit_per_s,
                 secret: Some(whsec.clone()),
             },
             SystemTime::now(),

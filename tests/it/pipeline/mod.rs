@@ -347,6 +347,46 @@ async fn a_backlog_waits_in_its_lane_and_nothing_parks(on: On) {
     p.stop().await;
 }
 
+/// An endpoint with a low rate limit and a backlog does not hold up its partition: what its
+/// rate cannot send soon is parked until its turn, and an endpoint sharing the partition gets
+/// its events at once. Held in the lane, the backlog would fill the partition's window (50
+/// here) and the other endpoint's events, behind it in the partition, would wait for the
+/// slow one to settle some 150 records at 2 a second.
+async fn a_rate_limited_backlog_does_not_hold_up_its_partition(on: On) {
+    let mut config = test_config(on);
+    config.kafka.partitions = 1;
+    config.delivery.partition_max_in_flight = 50;
+    let p = Pipeline::start(on, config).await;
+    let slow = Receiver::fixed(Reply::status(200)).await;
+    let fast = Receiver::fixed(Reply::status(200)).await;
+    p.endpoint_limited("acme", &slow.url("/"), &["slow"], Some(2.0))
+        .await;
+    p.endpoint("acme", &fast.url("/"), &["fast"]).await;
+    let backlog: Vec<(String, &str)> = (0..200).map(|i| (format!("s{i}"), "slow")).collect();
+    let then: Vec<(String, &str)> = (0..5).map(|i| (format!("f{i}"), "fast")).collect();
+    let posts: Vec<_> = backlog
+        .iter()
+        .chain(&then)
+        .map(|(id, kind)| (id.as_str(), "acme", *kind, json!({})))
+        .collect();
+    p.post(&posts).await;
+    fast.wait_for(5, Duration::from_secs(20)).await;
+    let sent = slow.requests().len();
+    assert!(
+        sent < 60,
+        "the rate-limited endpoint got {sent} requests, more than 2 a second allows"
+    );
+    // Its lane held 2 (what 2 a second sends within the shortest tier, 1 s here); the rest
+    // come back at their turns and are sent, each once.
+    let got = slow.wait_for(16, WAIT).await;
+    let ids: BTreeSet<String> = got
+        .iter()
+        .map(|r| r.header("webhook-id").expect("webhook-id").to_owned())
+        .collect();
+    assert_eq!(ids.len(), got.len(), "a record was sent twice");
+    p.stop().await;
+}
+
 /// Runs `n` events to a hanging endpoint and a healthy one (HTTP timeout 45 s) and checks that
 /// every healthy delivery arrived while no attempt to the hanging endpoint had finished yet.
 /// Returns the pipeline and the hanging receiver.
@@ -910,6 +950,7 @@ on_both!(
     a_hanging_endpoint_does_not_slow_the_others,
     a_hanging_endpoint_does_not_hold_up_its_partition,
     a_backlog_waits_in_its_lane_and_nothing_parks,
+    a_rate_limited_backlog_does_not_hold_up_its_partition,
     malformed_input_goes_to_the_invalid_topic,
     a_header_name_that_is_not_utf8_goes_to_the_invalid_topic,
     an_invalid_record_too_large_to_forward_goes_without_its_value,
