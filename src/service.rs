@@ -120,6 +120,42 @@ pub struct Handles {
     pub endpoints: Arc<dyn EndpointStore>,
     /// The delivery store.
     pub store: Arc<dyn DeliveryStore>,
+    /// Cancelled when a stage stops on its own (see [`spawn_stage`]).
+    pub failed: CancellationToken,
+}
+
+/// Runs a stage's loop as a tracked task. A stage that ends before `shutdown` (it panicked,
+/// or returned) is logged as an error and cancels `failed`, on which the process stops and
+/// exits non-zero, so that its supervisor starts it again, rather than answering health checks
+/// while one of its stages no longer runs. Nothing is lost: what the stage had not committed is
+/// read again by the next process.
+pub fn spawn_stage(
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+    failed: &CancellationToken,
+    stage: &'static str,
+    run: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    use futures::FutureExt as _;
+    let (shutdown, failed) = (shutdown.clone(), failed.clone());
+    tasks.spawn(async move {
+        let ended = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+        if shutdown.is_cancelled() && ended.is_ok() {
+            return;
+        }
+        match ended {
+            Ok(()) => tracing::error!(stage, "stage stopped on its own; hookline stops"),
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".to_owned());
+                tracing::error!(stage, panic = %message, "stage panicked; hookline stops");
+            }
+        }
+        failed.cancel();
+    });
 }
 
 /// Opens the delivery store the config names.
@@ -183,12 +219,17 @@ pub async fn start_registry(
     config: &Config,
     shutdown: &CancellationToken,
     tasks: &TaskTracker,
+    failed: &CancellationToken,
 ) -> Result<(Arc<EndpointView>, Arc<dyn EndpointStore>), ServiceError> {
     let key = config.require_master_key()?.clone();
     let view = Arc::new(EndpointView::new(key.clone()));
     let handle = spawn_materializer(&config.kafka, view.clone(), shutdown.clone()).await?;
-    tasks.spawn(async move {
-        let _ = handle.await;
+    spawn_stage(tasks, shutdown, failed, "endpoints", async move {
+        if let Err(e) = handle.await
+            && let Ok(panic) = e.try_into_panic()
+        {
+            std::panic::resume_unwind(panic);
+        }
     });
     view.wait_caught_up(Duration::from_secs(60)).await?;
     let writer =
@@ -204,7 +245,8 @@ pub async fn start(
     shutdown: &CancellationToken,
     tasks: &TaskTracker,
 ) -> Result<Handles, ServiceError> {
-    let (view, endpoints) = start_registry(config, shutdown, tasks).await?;
+    let failed = CancellationToken::new();
+    let (view, endpoints) = start_registry(config, shutdown, tasks, &failed).await?;
     let store = open_store(config).await?;
     let k = &config.kafka;
     let tiers = Arc::new(Tiers::new(&k.topics.retry_prefix, &config.retry.tiers));
@@ -232,14 +274,20 @@ pub async fn start(
             deliveries: Arc::from(k.topics.deliveries.as_str()),
             invalid: Arc::from(k.topics.invalid.as_str()),
         };
-        tasks.spawn(fanout::run(
-            consumer,
-            producer(config)?,
-            view.clone(),
-            input,
-            topics,
-            shutdown.clone(),
-        ));
+        spawn_stage(
+            tasks,
+            shutdown,
+            &failed,
+            "fanout",
+            fanout::run(
+                consumer,
+                producer(config)?,
+                view.clone(),
+                input,
+                topics,
+                shutdown.clone(),
+            ),
+        );
     }
     if role.includes(Role::Delay) {
         let consumer = stage_consumer(config, &k.group("delay"), "delay", kafka::DELAY_FETCH)?;
@@ -249,12 +297,13 @@ pub async fn start(
             deliveries: Arc::from(k.topics.deliveries.as_str()),
             invalid: Arc::from(k.topics.invalid.as_str()),
         };
-        tasks.spawn(delay_tier::run(
-            consumer,
-            producer(config)?,
-            topics,
-            shutdown.clone(),
-        ));
+        spawn_stage(
+            tasks,
+            shutdown,
+            &failed,
+            "delay",
+            delay_tier::run(consumer, producer(config)?, topics, shutdown.clone()),
+        );
     }
     if role.includes(Role::Deliver) {
         let consumer = stage_consumer(config, &k.group("deliver"), "deliver", kafka::HOT_FETCH)?;
@@ -284,17 +333,19 @@ pub async fn start(
             stalled_wait: config.http.total_timeout,
             drain_deadline: config.http.total_timeout + Duration::from_secs(5),
         });
-        tasks.spawn(deliver::run(
-            consumer,
-            producer(config)?,
-            deps,
-            shutdown.clone(),
-        ));
+        spawn_stage(
+            tasks,
+            shutdown,
+            &failed,
+            "deliver",
+            deliver::run(consumer, producer(config)?, deps, shutdown.clone()),
+        );
     }
     Ok(Handles {
         view,
         endpoints,
         store,
+        failed,
     })
 }
 
@@ -358,6 +409,43 @@ mod tests {
         assert!(b.validate().is_ok());
         assert_eq!(b.cool_down_after(1), Duration::from_secs(600));
         assert_eq!(b.cool_down_after(3), Duration::from_secs(600));
+    }
+
+    /// Runs `stage` under [`spawn_stage`], cancelling `shutdown` first when `after_shutdown`;
+    /// returns whether the failure token was cancelled once the task ended.
+    async fn supervised(
+        after_shutdown: bool,
+        stage: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> bool {
+        let (tasks, shutdown, failed) = (
+            TaskTracker::new(),
+            CancellationToken::new(),
+            CancellationToken::new(),
+        );
+        if after_shutdown {
+            shutdown.cancel();
+        }
+        spawn_stage(&tasks, &shutdown, &failed, "test", stage);
+        tasks.close();
+        tasks.wait().await;
+        failed.is_cancelled()
+    }
+
+    #[tokio::test]
+    async fn a_stage_that_stops_on_its_own_stops_the_process() {
+        assert!(
+            supervised(false, async { panic!("bug in a stage") }).await,
+            "a panicking stage"
+        );
+        assert!(supervised(false, async {}).await, "a stage that returned");
+        assert!(
+            !supervised(true, async {}).await,
+            "a stage that returned after shutdown is a clean stop"
+        );
+        assert!(
+            supervised(true, async { panic!("bug while draining") }).await,
+            "a stage that panicked while draining"
+        );
     }
 
     fn partitions_of(config: &Config, topic: &str) -> i32 {

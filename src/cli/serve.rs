@@ -120,6 +120,9 @@ enum Stopped {
     DeadlinePassed,
     /// A second signal came while draining: exit now, uncommitted records are read again.
     Abandoned,
+    /// A stage stopped on its own, and the rest were drained: exit non-zero so the process is
+    /// started again.
+    StageFailed,
 }
 
 impl Stopped {
@@ -128,6 +131,7 @@ impl Stopped {
         match self {
             Stopped::Drained | Stopped::DeadlinePassed => ExitCode::SUCCESS,
             Stopped::Abandoned => ExitCode::from(ABANDONED_EXIT),
+            Stopped::StageFailed => ExitCode::from(STAGE_FAILED_EXIT),
         }
     }
 }
@@ -141,17 +145,34 @@ fn drain_deadline(config: &Config) -> Duration {
 /// Exit status after a second signal (128 + SIGINT, as shells report an interrupted command).
 const ABANDONED_EXIT: u8 = 130;
 
-/// Waits for a signal, then stops every task within `deadline`; a second signal while
-/// draining stops waiting at once.
+/// Exit status after a stage stopped on its own (sysexits' EX_SOFTWARE).
+const STAGE_FAILED_EXIT: u8 = 70;
+
+/// Waits for a signal, or for a stage to stop on its own (`failed`), then stops every task
+/// within `deadline`; a second signal while draining stops waiting at once.
 async fn serve_until_signal(
     mut signals: mpsc::Receiver<()>,
+    failed: CancellationToken,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     deadline: Duration,
 ) -> Stopped {
-    if signals.recv().await.is_none() {
-        // Nothing can ask for a stop any more (the listener failed and said so): keep serving.
-        std::future::pending::<()>().await;
+    let stage_failed = tokio::select! {
+        signal = signals.recv() => {
+            if signal.is_none() {
+                // Nothing can ask for a stop any more (the listener failed and said so): keep
+                // serving until a stage fails.
+                failed.cancelled().await;
+            }
+            failed.is_cancelled()
+        }
+        () = failed.cancelled() => true,
+    };
+    if stage_failed {
+        tracing::error!(
+            "a stage stopped on its own (logged above): stopping the others; records not yet \
+             committed will be read again when hookline starts again"
+        );
     }
     let in_flight = crate::telemetry::attempts_in_flight();
     tracing::info!(
@@ -166,13 +187,14 @@ async fn serve_until_signal(
     tasks.close();
     tokio::select! {
         drained = tokio::time::timeout(deadline, tasks.wait()) => match drained {
+            Ok(()) if stage_failed => Stopped::StageFailed,
             Ok(()) => {
                 tracing::info!("stopped cleanly");
                 Stopped::Drained
             }
             Err(_) => {
                 tracing::warn!("some tasks did not stop within {deadline:?}; exiting anyway");
-                Stopped::DeadlinePassed
+                if stage_failed { Stopped::StageFailed } else { Stopped::DeadlinePassed }
             }
         },
         Some(()) = signals.recv() => {
@@ -316,7 +338,9 @@ pub(super) fn dev(args: &DevArgs) -> ExitCode {
         println!("  token:      {token}");
         println!("  Ctrl-C stops it.");
         let deadline = drain_deadline(&config);
-        Ok::<_, ServiceError>(serve_until_signal(signals(), shutdown, tasks, deadline).await)
+        Ok::<_, ServiceError>(
+            serve_until_signal(signals(), handles.failed.clone(), shutdown, tasks, deadline).await,
+        )
     });
     if let Ok(Stopped::Abandoned) = result {
         // Exits at once: the embedded broker's teardown would wait for what was abandoned.
@@ -352,7 +376,9 @@ pub(super) fn run(args: &RunArgs) -> ExitCode {
         super::admin_hook::serve(&config, admin_listener, &handles, &shutdown, &tasks).await?;
         tracing::info!(role = ?args.role, admin = %config.admin.listen, metrics = %config.metrics.listen, "hookline is running");
         let deadline = drain_deadline(&config);
-        Ok::<_, ServiceError>(serve_until_signal(signals(), shutdown, tasks, deadline).await)
+        Ok::<_, ServiceError>(
+            serve_until_signal(signals(), handles.failed.clone(), shutdown, tasks, deadline).await,
+        )
     });
     match result {
         Ok(stopped) => finish(stopped),
@@ -473,10 +499,37 @@ mod tests {
             tx.send(()).await.unwrap();
         }
         let deadline = Duration::from_secs(25);
-        let stopped = serve_until_signal(rx, shutdown.clone(), tasks, deadline).await;
+        let stopped = serve_until_signal(
+            rx,
+            CancellationToken::new(),
+            shutdown.clone(),
+            tasks,
+            deadline,
+        )
+        .await;
         assert!(shutdown.is_cancelled());
         drop(tx);
         stopped
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_stage_stops_the_process_with_a_failure_status() {
+        let (_tx, rx) = mpsc::channel(4);
+        let (failed, shutdown, tasks) = (
+            CancellationToken::new(),
+            CancellationToken::new(),
+            TaskTracker::new(),
+        );
+        tracked(&tasks, &shutdown, true);
+        failed.cancel();
+        let stopped =
+            serve_until_signal(rx, failed, shutdown.clone(), tasks, Duration::from_secs(25)).await;
+        assert!(
+            shutdown.is_cancelled(),
+            "the other stages were told to stop"
+        );
+        assert_eq!(stopped, Stopped::StageFailed);
+        assert_eq!(stopped.exit_code(), ExitCode::from(70));
     }
 
     #[tokio::test(start_paused = true)]
