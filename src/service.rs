@@ -232,6 +232,7 @@ pub async fn start_registry(
         }
     });
     view.wait_caught_up(Duration::from_secs(60)).await?;
+    view.check_opened()?;
     let writer =
         KafkaEndpointStore::new(&config.kafka, view.clone(), key, Duration::from_secs(10))?;
     Ok((view, Arc::new(writer)))

@@ -183,6 +183,8 @@ impl From<RegistryError> for ApiError {
                 "endpoint {id} was changed concurrently; read it again and retry"
             )),
             RegistryError::Invalid(e) => e.into(),
+            // Raised at start-up only, never by a write.
+            RegistryError::Unopened { .. } => ApiError::Internal(e.to_string()),
         }
     }
 }

@@ -59,6 +59,7 @@ pub async fn live() -> Json<Live> {
 pub fn checks(state: &AdminState) -> Vec<Check> {
     let kafka = *state.kafka_ready.borrow();
     let view = state.endpoints.view().status().caught_up;
+    let opened = state.endpoints.view().check_opened();
     vec![
         Check {
             name: "kafka".into(),
@@ -69,6 +70,11 @@ pub fn checks(state: &AdminState) -> Vec<Check> {
             name: "endpoint_view".into(),
             ok: view,
             detail: (!view).then(|| "the endpoint view has not caught up yet".into()),
+        },
+        Check {
+            name: "endpoint_records".into(),
+            ok: opened.is_ok(),
+            detail: opened.err().map(|e| e.to_string()),
         },
     ]
 }

@@ -14,7 +14,7 @@
 
 pub mod kafka;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -60,6 +60,22 @@ pub enum RegistryError {
     /// The view's sender is gone (the process is shutting down).
     #[error("the endpoint view is closed")]
     Closed,
+    /// Endpoint records whose secrets do not open with the configured master key.
+    #[error(
+        "{count} endpoint record(s) do not open with security.master_key (endpoint {first}: \
+         {error}): it is not the key they were sealed with, or they were altered. hookline does \
+         not start, since events for those endpoints would not be delivered; start it with the \
+         key they were sealed with, or delete those endpoints' records (a tombstone keyed by \
+         the endpoint id in the endpoints topic)"
+    )]
+    Unopened {
+        /// How many endpoints' latest records do not open.
+        count: usize,
+        /// One of them.
+        first: EndpointId,
+        /// Why that one does not open.
+        error: String,
+    },
 }
 
 /// What applying one record did.
@@ -85,6 +101,8 @@ pub struct ViewStatus {
 #[derive(Default)]
 struct State {
     endpoints: HashMap<EndpointId, Arc<Endpoint>>,
+    /// Endpoints whose latest record did not open (most likely the wrong master key), with why.
+    unopened: BTreeMap<EndpointId, String>,
     /// Per partition, the offset after the last applied record.
     next_offsets: HashMap<i32, i64>,
 }
@@ -153,12 +171,17 @@ impl EndpointView {
             }
             match &parsed {
                 Decoded::Upsert(endpoint) => {
+                    state.unopened.remove(&endpoint.id);
                     state
                         .endpoints
                         .insert(endpoint.id.clone(), Arc::clone(endpoint));
                 }
                 Decoded::Delete(id) => {
+                    state.unopened.remove(id);
                     state.endpoints.remove(id);
+                }
+                Decoded::Unopened(id, error) => {
+                    state.unopened.insert(id.clone(), error.clone());
                 }
                 Decoded::Skip => {}
             }
@@ -167,7 +190,7 @@ impl EndpointView {
         match parsed {
             Decoded::Upsert(_) => Applied::Upserted,
             Decoded::Delete(_) => Applied::Deleted,
-            Decoded::Skip => Applied::Skipped,
+            Decoded::Unopened(..) | Decoded::Skip => Applied::Skipped,
         }
     }
 
@@ -209,8 +232,22 @@ impl EndpointView {
             Err(error) => {
                 // Usually the wrong master key: the previous state is kept rather than lost.
                 tracing::error!(endpoint = %id, %error, "skipping endpoint record that does not open");
-                Decoded::Skip
+                Decoded::Unopened(id, error.to_string())
             }
+        }
+    }
+
+    /// Fails when endpoints' latest records do not open with the view's key: the view lacks
+    /// them (or holds an older version), and events for them would go undelivered.
+    pub fn check_opened(&self) -> Result<(), RegistryError> {
+        let state = self.read();
+        match state.unopened.iter().next() {
+            None => Ok(()),
+            Some((first, error)) => Err(RegistryError::Unopened {
+                count: state.unopened.len(),
+                first: first.clone(),
+                error: error.clone(),
+            }),
         }
     }
 
@@ -331,6 +368,8 @@ impl EndpointView {
 enum Decoded {
     Upsert(Arc<Endpoint>),
     Delete(EndpointId),
+    /// Its secrets do not open; why.
+    Unopened(EndpointId, String),
     Skip,
 }
 
@@ -497,6 +536,34 @@ mod tests {
             "tombstone for nothing"
         );
         assert_eq!(view.status().seq, 8);
+    }
+
+    #[test]
+    fn records_that_do_not_open_are_reported_until_replaced() {
+        let key = MasterKey::generate();
+        let view = EndpointView::new(key.clone());
+        let (a, b) = (endpoint("acme"), endpoint("acme"));
+        let other = MasterKey::generate();
+        view.apply(a.id.as_str().as_bytes(), Some(&encode(&a, &other)));
+        view.apply(b.id.as_str().as_bytes(), Some(&encode(&b, &other)));
+        assert!(view.is_empty(), "nothing opened");
+        let err = view.check_opened().unwrap_err().to_string();
+        assert!(
+            err.starts_with("2 endpoint record(s) do not open with security.master_key"),
+            "{err}"
+        );
+        assert!(err.contains("does not open with this key"), "{err}");
+        // A later record that opens, or a tombstone, settles each.
+        view.apply(a.id.as_str().as_bytes(), Some(&encode(&a, &key)));
+        assert!(
+            view.check_opened()
+                .unwrap_err()
+                .to_string()
+                .starts_with("1 endpoint")
+        );
+        view.apply(b.id.as_str().as_bytes(), None);
+        assert!(view.check_opened().is_ok());
+        assert_eq!(view.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

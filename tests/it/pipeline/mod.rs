@@ -387,6 +387,35 @@ async fn a_rate_limited_backlog_does_not_hold_up_its_partition(on: On) {
     p.stop().await;
 }
 
+/// A process started with another master key than the endpoints were sealed with refuses to
+/// start and says why: with an empty endpoint view, its fan-out would find no subscriber for
+/// any event, commit, and deliver nothing.
+async fn another_master_key_refuses_to_start(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let r = Receiver::fixed(Reply::status(200)).await;
+    let (id, _) = p.endpoint("acme", &r.url("/"), &["*"]).await;
+    let mut other = p.config.clone();
+    other.security.master_key = Some(hookline::sealed::MasterKey::generate());
+    let (shutdown, tasks) = (
+        tokio_util::sync::CancellationToken::new(),
+        tokio_util::task::TaskTracker::new(),
+    );
+    let err = hookline::service::start(&other, hookline::service::Role::All, &shutdown, &tasks)
+        .await
+        .err()
+        .expect("a process with another master key started")
+        .to_string();
+    shutdown.cancel();
+    tasks.close();
+    tasks.wait().await;
+    assert!(
+        err.contains("1 endpoint record(s) do not open with security.master_key")
+            && err.contains(id.as_str()),
+        "{err}"
+    );
+    p.stop().await;
+}
+
 /// Runs `n` events to a hanging endpoint and a healthy one (HTTP timeout 45 s) and checks that
 /// every healthy delivery arrived while no attempt to the hanging endpoint had finished yet.
 /// Returns the pipeline and the hanging receiver.
@@ -951,6 +980,7 @@ on_both!(
     a_hanging_endpoint_does_not_hold_up_its_partition,
     a_backlog_waits_in_its_lane_and_nothing_parks,
     a_rate_limited_backlog_does_not_hold_up_its_partition,
+    another_master_key_refuses_to_start,
     malformed_input_goes_to_the_invalid_topic,
     a_header_name_that_is_not_utf8_goes_to_the_invalid_topic,
     an_invalid_record_too_large_to_forward_goes_without_its_value,
