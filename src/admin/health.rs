@@ -5,7 +5,9 @@
 //! Kafka clients' owner keeps current through [`AdminState::kafka_ready`]) and the endpoint view
 //! has read its start-up backlog; otherwise 503 naming the failing checks, so the load balancer
 //! stops sending writes this instance cannot confirm. Neither needs a token: probes have none,
-//! and the answers reveal nothing about tenants.
+//! and the answers reveal nothing about tenants. Neither counts against the API's concurrency
+//! limit ([`super::MAX_CONCURRENT_REQUESTS`]): ingest requests waiting on an unreachable Kafka
+//! can take every permit, and a liveness probe answered 503 then would restart the pod.
 
 use axum::Json;
 use axum::extract::State;

@@ -20,6 +20,8 @@
 //! Bounds: request bodies are limited to the payload limit plus room for the envelope (413
 //! beyond), at most [`MAX_CONCURRENT_REQUESTS`] requests are handled at once (503 `unavailable`
 //! beyond, rather than queueing without limit), and each gets [`REQUEST_DEADLINE`] (503 after).
+//! The health routes are outside both bounds: they answer at once from memory, and a liveness
+//! probe that shared the limit would fail while ingest requests wait on an unreachable Kafka.
 //!
 //! The state is a set of trait objects ([`EndpointStore`], [`DeliveryStore`],
 //! [`events::EventSink`]) so the same router runs over Kafka and ScyllaDB in production and
@@ -56,7 +58,8 @@ use crate::storage::DeliveryStore;
 use self::error::ApiError;
 use self::events::{EventSink, RecentIds};
 
-/// Requests handled at once; beyond it the API answers 503 at once.
+/// Requests the API's routes handle at once; beyond it they answer 503 at once. The health
+/// probes and the 404 and 405 answers do no I/O and are not counted.
 pub const MAX_CONCURRENT_REQUESTS: usize = 512;
 /// How long one request may take before it is answered 503.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
@@ -198,7 +201,11 @@ pub fn router(state: AdminState) -> Router {
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::authenticate,
-        ));
+        ))
+        // Outside authentication, so a flood of bad tokens is shed too; the health routes
+        // below stay outside it, so requests stuck behind an unreachable Kafka cannot make the
+        // liveness probe fail and the kubelet restart a pod that a restart would not help.
+        .route_layer(middleware::from_fn_with_state(state.clone(), bound));
     let body_limit = state.max_payload_bytes.saturating_add(BODY_SLACK);
     Router::new()
         .route("/v1/health", get(health::live))
@@ -211,7 +218,6 @@ pub fn router(state: AdminState) -> Router {
             body: body_limit,
             payload: state.max_payload_bytes,
         }))
-        .layer(middleware::from_fn_with_state(state.clone(), bound))
         .layer(CatchPanicLayer::custom(panicked))
         .with_state(state)
 }
@@ -227,7 +233,8 @@ fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
     ApiError::Internal(format!("request handler panicked: {what}")).into_response()
 }
 
-/// Sheds load beyond [`MAX_CONCURRENT_REQUESTS`] and cuts requests at [`REQUEST_DEADLINE`].
+/// Sheds load beyond [`MAX_CONCURRENT_REQUESTS`] and cuts requests at [`REQUEST_DEADLINE`], on
+/// every route but the health probes.
 async fn bound(State(state): State<AdminState>, req: Request, next: Next) -> Response {
     let Ok(_permit) = Arc::clone(&state.permits).try_acquire_owned() else {
         return ApiError::Unavailable("too many requests in progress; retry shortly".into())

@@ -986,6 +986,50 @@ async fn concurrent_repeats_wait_for_the_first_publish() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn health_answers_while_ingest_holds_every_permit() {
+    let slow = Arc::new(SlowSink(AtomicUsize::new(0)));
+    let f = fixture_with(slow.clone(), Arc::new(MemoryEventSink::default()));
+    let ingest = |i: usize| {
+        let app = f.app.clone();
+        let body = format!(r#"{{"id":"evt_held_{i}","tenant":"acme","type":"a","payload":1}}"#);
+        async move { call(&app, Method::POST, "/v1/events", OP, Some(&body)).await }
+    };
+    let held: Vec<_> = (0..MAX_CONCURRENT_REQUESTS)
+        .map(|i| tokio::spawn(ingest(i)))
+        .collect();
+    // Paused time moves only once every task waits, so each request is in its publish by then.
+    while slow.0.load(Ordering::SeqCst) < MAX_CONCURRENT_REQUESTS {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    let over = ingest(MAX_CONCURRENT_REQUESTS).await;
+    assert_error(
+        &over,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "too many requests in progress",
+    );
+    for path in ["/v1/health", "/v1/health/ready"] {
+        let h = send(&f.app, request(Method::GET, path, None, None)).await;
+        assert_eq!(
+            h.status,
+            StatusCode::OK,
+            "{path} with every permit held: {}",
+            h.text
+        );
+    }
+
+    for h in held {
+        assert_eq!(h.await.unwrap().status, StatusCode::ACCEPTED);
+    }
+    // The permits came back.
+    assert_eq!(
+        ingest(MAX_CONCURRENT_REQUESTS).await.status,
+        StatusCode::ACCEPTED
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn recent_ids_are_bounded_in_count_and_age() {
     let t = Tenant::parse("acme").unwrap();
     let id = |s: &str| crate::id::EventId::parse(s).unwrap();
