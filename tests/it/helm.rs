@@ -2,8 +2,9 @@
 //! once with `go install` and points `HOOKLINE_HELM` at): it lints; it renders with the default
 //! values and with overrides; each role's Deployment runs `hookline run` with arguments hookline's
 //! own command line accepts; the TOML in the ConfigMap passes hookline's config validation with
-//! the variables the Secret supplies; probes and ports are the ones hookline serves; pods run
-//! unprivileged unless values say otherwise; the PodMonitor scrapes every role's pods and gives
+//! the variables the Secret supplies; probes and ports are the ones hookline serves, and the
+//! startup budget and grace period the ones values set; pods run unprivileged unless values say
+//! otherwise; the PodMonitor scrapes every role's pods and gives
 //! their series the labels the alert rules select on; and every metric and label an alert rule
 //! queries is one hookline exports. A real promtool (also built by `tests/run`, found through
 //! `HOOKLINE_PROMTOOL`) checks the rendered rules and runs unit tests of alerts on hookline's
@@ -192,6 +193,11 @@ struct Pod {
     config: Config,
     liveness: String,
     readiness: String,
+    startup: String,
+    /// How long the startup probe lets the pod fail before the kubelet restarts it.
+    startup_seconds: u64,
+    /// terminationGracePeriodSeconds, or Kubernetes' default.
+    grace_seconds: u64,
 }
 
 /// A container port by name or number.
@@ -325,6 +331,7 @@ fn check_deployment(r: &Rendered, role: &str, replicas: u64) -> Pod {
     }
 
     let probe = |which: &str| -> String {
+        assert!(c[which].is_object(), "{name}: the container has no {which}");
         let get = &c[which]["httpGet"];
         assert_eq!(
             container_port(c, &get["port"]),
@@ -333,9 +340,16 @@ fn check_deployment(r: &Rendered, role: &str, replicas: u64) -> Pod {
         );
         get["path"].as_str().expect("probe path").to_owned()
     };
+    // Kubernetes' defaults for a field the probe leaves out.
+    let startup = &c["startupProbe"];
+    let startup_seconds = startup["periodSeconds"].as_u64().unwrap_or(10)
+        * startup["failureThreshold"].as_u64().unwrap_or(3);
     Pod {
         liveness: probe("livenessProbe"),
         readiness: probe("readinessProbe"),
+        startup: probe("startupProbe"),
+        startup_seconds,
+        grace_seconds: grace,
         config,
     }
 }
@@ -375,8 +389,8 @@ fn check_workloads(r: &Rendered, replicas: &BTreeMap<&str, u64>) -> Vec<Pod> {
     pods
 }
 
-/// The probe paths answer as probes need: liveness whatever Kafka does (a restart would not
-/// bring Kafka back), readiness only while Kafka is reachable.
+/// The probe paths answer as probes need: startup and liveness whatever Kafka does (a restart
+/// would not bring Kafka back), readiness only while Kafka is reachable.
 async fn check_probes(pod: &Pod) {
     let (kafka_tx, kafka_rx) = tokio::sync::watch::channel(true);
     let app = router(AdminState::new(
@@ -395,14 +409,17 @@ async fn check_probes(pod: &Pod) {
             app.oneshot(req).await.expect("router answers").status()
         }
     };
+    assert_eq!(status(pod.startup.clone()).await, 200, "startup probe");
     assert_eq!(status(pod.liveness.clone()).await, 200, "liveness probe");
     assert_eq!(status(pod.readiness.clone()).await, 200, "readiness probe");
     kafka_tx.send_replace(false);
-    assert_eq!(
-        status(pod.liveness.clone()).await,
-        200,
-        "liveness must not follow Kafka"
-    );
+    for (path, which) in [(&pod.startup, "startup"), (&pod.liveness, "liveness")] {
+        assert_eq!(
+            status(path.clone()).await,
+            200,
+            "{which} must not follow Kafka"
+        );
+    }
     assert_eq!(
         status(pod.readiness.clone()).await,
         503,
@@ -1046,6 +1063,72 @@ config: |
                 .any(|e| e.contains(&format!("component=\"{role}\"")))
         );
     }
+}
+
+/// `helm template` with `args`, which must fail; returns what helm said.
+fn render_error(args: &[&str]) -> String {
+    let chart = chart();
+    let mut all = vec!["template", RELEASE, chart.to_str().expect("UTF-8")];
+    all.extend_from_slice(args);
+    let out = run_tool("helm", "HOOKLINE_HELM", "helm.sh/helm/v3/cmd/helm", &all);
+    assert!(
+        !out.status.success(),
+        "helm {} should have failed",
+        all.join(" ")
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn startup_budget_and_grace_period_come_from_values() {
+    let replicas = BTreeMap::from([("fanout", 1), ("deliver", 2), ("delay", 1)]);
+    let check = |args: &[&str], startup: u64, grace: u64| {
+        let r = render(args);
+        for pod in check_workloads(&r, &replicas) {
+            assert_eq!(pod.startup_seconds, startup, "startup budget with {args:?}");
+            assert_eq!(pod.grace_seconds, grace, "grace period with {args:?}");
+        }
+        for role in roles() {
+            let d = r.get("Deployment", &format!("{}-{role}", fullname()));
+            let probe = &d["spec"]["template"]["spec"]["containers"][0]["startupProbe"];
+            assert_eq!(probe["periodSeconds"], 5, "{role}: {probe}");
+        }
+    };
+    check(&[], 180, 45);
+    // Rounded up to whole probe periods.
+    check(
+        &[
+            "--set",
+            "startupSeconds=242",
+            "--set",
+            "terminationGracePeriodSeconds=60",
+        ],
+        245,
+        60,
+    );
+
+    for (set, said) in [
+        (
+            "startupSeconds=3",
+            "startupSeconds must be at least 5, got 3",
+        ),
+        (
+            "startupSeconds=3m",
+            r#"startupSeconds must be a whole number of seconds, got "3m""#,
+        ),
+        (
+            "terminationGracePeriodSeconds=-1",
+            "terminationGracePeriodSeconds must be at least 0, got -1",
+        ),
+    ] {
+        let e = render_error(&["--set", set]);
+        assert!(e.contains(said), "--set {set}: {e}");
+    }
+    let e = render_error(&["--set-json", "terminationGracePeriodSeconds=45.5"]);
+    assert!(
+        e.contains("terminationGracePeriodSeconds must be a whole number of seconds, got 45.5"),
+        "{e}"
+    );
 }
 
 #[test]
