@@ -895,6 +895,14 @@ impl Stage {
     }
 
     /// Parks `record` in the tier matching `due`; settles it once the broker has it.
+    ///
+    /// A record never attempted and held back because its endpoint is failing (breaker open, or
+    /// stalled) starts its window then, as a first attempt would, and is dead-lettered
+    /// (`window_exhausted`) rather than parked once the window is spent. Otherwise a dead
+    /// endpoint's backlog would cycle through the tiers for ever, one probe per cool-down, and
+    /// never reach the DLQ. A record attempted before waits for the breaker's probe as it did:
+    /// its last attempt's answer belongs in its DLQ record, and there are few of them (what was
+    /// in flight when the breaker opened).
     fn park(
         &self,
         tp: Tp,
@@ -903,6 +911,21 @@ impl Stage {
         due: SystemTime,
         reason: ParkReason,
     ) {
+        let record = match reason {
+            ParkReason::BreakerOpen | ParkReason::Stalled if record.attempts == 0 => {
+                let now = SystemTime::now();
+                let record = record.with_first_attempt_at(now);
+                let first = record
+                    .first_attempt_at
+                    .map_or(now, UnixMillis::to_system_time);
+                if now.duration_since(first).unwrap_or_default() >= self.deps.policy.window {
+                    self.spawn_refusal(tp, offset, record, DeadReason::WindowExhausted);
+                    return;
+                }
+                record
+            }
+            _ => record,
+        };
         telemetry::parked(reason);
         let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
         let tier = self.deps.tiers.for_delay(wait);

@@ -416,6 +416,59 @@ async fn another_master_key_refuses_to_start(on: On) {
     p.stop().await;
 }
 
+/// Records held back by an open breaker before any attempt reach the DLQ once their window is
+/// spent: the window starts when a record is first held back, as it would at its first attempt.
+/// Without that a failing endpoint's backlog cycles through the tiers with one probe per
+/// cool-down (1, 2, 4, ... s here), and its records, never attempted, never die.
+async fn held_back_records_are_dead_lettered_when_their_window_is_spent(on: On) {
+    let mut config = test_config(on);
+    config.delivery.breaker_failure_threshold = 3;
+    config.delivery.breaker_cooldown = Duration::from_secs(1);
+    let p = Pipeline::start(on, config).await;
+    let r = Receiver::fixed(Reply::status(503)).await;
+    p.endpoint("acme", &r.url("/"), &["*"]).await;
+    // Three failures open the breaker; the 30 events after them find it open.
+    post_numbered(&p, "warm", 3).await;
+    r.wait_for(3, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    post_numbered(&p, "held", 30).await;
+    let dlq = p.config.kafka.topics.dlq.clone();
+    let started = tokio::time::Instant::now();
+    let dead = loop {
+        let n = usize::try_from(p.records_in(&dlq)).unwrap();
+        let got = if n == 0 {
+            vec![]
+        } else {
+            p.read(&dlq, n, WAIT).await
+        };
+        let held: BTreeMap<String, DeadReason> = got
+            .iter()
+            .map(dead_record)
+            .filter(|d| d.event_id.as_str().starts_with("held"))
+            .map(|d| {
+                let reason = d.dead.as_ref().expect("dead info").reason;
+                (d.event_id.as_str().to_owned(), reason)
+            })
+            .collect();
+        // The breaker's probes reach a few of them (one per cool-down, each cool-down twice
+        // the last); every other one dies on its window.
+        if held.len() >= 24 || started.elapsed() > WAIT {
+            break held;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        dead.len() >= 24,
+        "{} of 30 held records dead-lettered",
+        dead.len()
+    );
+    assert!(
+        dead.values().all(|r| *r == DeadReason::WindowExhausted),
+        "{dead:?}"
+    );
+    p.stop().await;
+}
+
 /// Runs `n` events to a hanging endpoint and a healthy one (HTTP timeout 45 s) and checks that
 /// every healthy delivery arrived while no attempt to the hanging endpoint had finished yet.
 /// Returns the pipeline and the hanging receiver.
@@ -981,6 +1034,7 @@ on_both!(
     a_backlog_waits_in_its_lane_and_nothing_parks,
     a_rate_limited_backlog_does_not_hold_up_its_partition,
     another_master_key_refuses_to_start,
+    held_back_records_are_dead_lettered_when_their_window_is_spent,
     malformed_input_goes_to_the_invalid_topic,
     a_header_name_that_is_not_utf8_goes_to_the_invalid_topic,
     an_invalid_record_too_large_to_forward_goes_without_its_value,
