@@ -11,8 +11,6 @@ use hookline::kafka::{EmbeddedKafka, consumer_config, producer_config};
 use hookline::record::DeliveryRecord;
 use hookline::service::{self, Handles, Role};
 use hookline::signing::{SigningSecret, Verifier};
-use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
@@ -323,17 +321,7 @@ impl Pipeline {
 
     /// Produces `record` to `topic` as hookline writes it (key, headers, body).
     pub async fn produce_delivery(&self, topic: &str, record: &DeliveryRecord) {
-        let out = hookline::deliver::outgoing(Arc::from(topic), record);
-        self.producer()
-            .send(
-                FutureRecord::to(topic)
-                    .key(&out.key[..])
-                    .headers(out.headers)
-                    .payload(&out.payload[..]),
-                Duration::from_secs(10),
-            )
-            .await
-            .expect("delivery record produced");
+        produce_delivery(&self.producer(), topic, record).await;
     }
 
     /// How many records `topic` holds, over all its partitions (from its watermarks).
@@ -356,28 +344,15 @@ impl Pipeline {
             .sum()
     }
 
-    /// Sets `topic`'s `max.message.bytes` on the real broker: from then on it refuses every
-    /// batch larger than `bytes` (MESSAGE_TOO_LARGE) while the rest of the cluster, offset
-    /// commits included, works on. `AlterConfigs` replaces the topic's dynamic settings, which
-    /// hookline gives only its compacted endpoints topic: use it on the others.
+    /// Sets `topic`'s `max.message.bytes` on the real broker
+    /// ([`limit_record_size`](crate::services::fixture::limit_record_size)).
     pub async fn limit_record_size(&self, topic: &str, bytes: u32) {
-        let admin: AdminClient<DefaultClientContext> =
-            crate::services::fixture::kafka_config(&self.config.kafka.bootstrap_servers)
-                .create()
-                .expect("Kafka admin client");
-        let bytes = bytes.to_string();
-        let change =
-            AlterConfig::new(ResourceSpecifier::Topic(topic)).set("max.message.bytes", &bytes);
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        for result in admin
-            .alter_configs([&change], &opts)
-            .await
-            .expect("AlterConfigs")
-        {
-            if let Err((resource, err)) = result {
-                panic!("setting max.message.bytes={bytes} on {resource:?}: {err}");
-            }
-        }
+        crate::services::fixture::limit_record_size(
+            &self.config.kafka.bootstrap_servers,
+            topic,
+            bytes,
+        )
+        .await;
     }
 
     /// The offsets `stage`'s consumer group has committed on `topic`, summed over its partitions
@@ -467,6 +442,22 @@ pub fn verify(req: &RecordedRequest, secret: &str) -> String {
         )
         .unwrap_or_else(|e| panic!("signature does not verify: {e}"));
     req.header("webhook-id").expect("webhook-id").to_owned()
+}
+
+/// Produces `record` to `topic` with `producer` as hookline writes it (key, headers, body), and
+/// waits for the broker's acknowledgement.
+pub async fn produce_delivery(producer: &FutureProducer, topic: &str, record: &DeliveryRecord) {
+    let out = hookline::deliver::outgoing(Arc::from(topic), record);
+    producer
+        .send(
+            FutureRecord::to(topic)
+                .key(&out.key[..])
+                .headers(out.headers)
+                .payload(&out.payload[..]),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("delivery record produced");
 }
 
 /// Decodes a DLQ record.

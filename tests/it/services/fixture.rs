@@ -10,7 +10,9 @@
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use tokio::net::TcpStream;
 use uuid::Uuid;
@@ -158,6 +160,28 @@ impl Topics {
             if let Err((topic, err)) = result {
                 panic!("deleting topic {topic}: {err}");
             }
+        }
+    }
+}
+
+/// Sets `topic`'s `max.message.bytes` on the real broker at `bootstrap`: from then on it refuses
+/// every batch larger than `bytes` (MESSAGE_TOO_LARGE) while the rest of the cluster, offset
+/// commits included, works on. `AlterConfigs` replaces the topic's dynamic settings, which
+/// hookline gives only its compacted endpoints topic: use it on the others.
+pub async fn limit_record_size(bootstrap: &str, topic: &str, bytes: u32) {
+    let admin: AdminClient<DefaultClientContext> = kafka_config(bootstrap)
+        .create()
+        .expect("Kafka admin client");
+    let bytes = bytes.to_string();
+    let change = AlterConfig::new(ResourceSpecifier::Topic(topic)).set("max.message.bytes", &bytes);
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for result in admin
+        .alter_configs([&change], &opts)
+        .await
+        .expect("AlterConfigs")
+    {
+        if let Err((resource, err)) = result {
+            panic!("setting max.message.bytes={bytes} on {resource:?}: {err}");
         }
     }
 }
