@@ -2,9 +2,10 @@
 //! fresh retry window and a replay id that receivers see (`hookline-replay-id`), through the
 //! same lanes and limits as any delivery, with an audit entry of who, why, what and how many.
 
+use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use rdkafka::ClientContext;
 use rdkafka::client::DefaultClientContext;
@@ -96,7 +97,8 @@ pub struct ReplaySummary {
     /// Records in the range that are not hookline DLQ records (left alone).
     pub undecodable: u64,
     /// The range's last offset as replayed: `to_offset`, or the partition's last record when
-    /// the replay began if that came first.
+    /// the replay began if that came first. A replay that stops short of it is an error,
+    /// [`ReplayError::Incomplete`], never a summary.
     pub last_offset: i64,
 }
 
@@ -170,14 +172,10 @@ pub enum ReplayError {
         /// Requested end.
         to: i64,
     },
-    /// A record could not be republished before the deadline.
-    #[error("republishing to {topic} failed; {done} records were republished before it")]
-    Publish {
-        /// Target topic.
-        topic: String,
-        /// How many made it.
-        done: u64,
-    },
+    /// The replay stopped before the end of its range (a read failed or went quiet, or a
+    /// record was not acknowledged); what it republished up to there is in its audit entry.
+    #[error(transparent)]
+    Incomplete(Box<Incomplete>),
     /// The audit entry could not be written (the records were republished).
     #[error(
         "replay {replay_id} republished {replayed} records but its audit entry failed: {source}"
@@ -192,8 +190,157 @@ pub enum ReplayError {
     },
 }
 
+/// A replay that stopped before the end of its range. Its message says where it stopped, why,
+/// what was republished (and audited), and the flags that replay the rest.
+#[derive(Debug)]
+pub struct Incomplete {
+    /// The replay's id.
+    pub replay_id: String,
+    /// The DLQ topic.
+    pub dlq: String,
+    /// The DLQ partition.
+    pub partition: i32,
+    /// The first offset asked for.
+    pub from_offset: i64,
+    /// The last offset asked for.
+    pub to_offset: i64,
+    /// The first offset not replayed: everything before it in the range was read and
+    /// republished (or filtered, or skipped as not a dead letter); a new replay resumes here.
+    pub resume_from: i64,
+    /// Records republished before the stop (in a dry run, counted).
+    pub replayed: u64,
+    /// Whether this was a dry run.
+    pub dry_run: bool,
+    /// Why it stopped.
+    pub cause: StopCause,
+    /// The audit store's error, if it did not take the entry either.
+    pub audit_error: Option<StoreError>,
+}
+
+/// Why a replay stopped before the end of its range.
+#[derive(Debug)]
+pub enum StopCause {
+    /// No record arrived for this long (the partition's leader moving, a slow broker).
+    Idle(Duration),
+    /// The DLQ consumer reported an error.
+    Read {
+        /// The bootstrap servers.
+        bootstrap: String,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
+    /// The deliveries topic did not acknowledge the record at `resume_from` in time.
+    Publish {
+        /// The deliveries topic.
+        topic: String,
+        /// How long the record was given.
+        deadline: Duration,
+    },
+}
+
+impl StopCause {
+    /// The cause in a few words, for the audit entry's scope, given the offset it stopped at.
+    fn describe(&self, at: i64) -> String {
+        match self {
+            StopCause::Idle(limit) => format!(
+                "no record arrived for {}: the partition's leader may be moving or its broker slow",
+                humantime::format_duration(*limit)
+            ),
+            StopCause::Read { bootstrap, source } => {
+                format!("reading it from Kafka at {bootstrap} failed: {source}")
+            }
+            StopCause::Publish { topic, deadline } => format!(
+                "{topic} did not acknowledge offset {at} within {}",
+                humantime::format_duration(*deadline)
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Incomplete {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Incomplete {
+            replay_id,
+            dlq,
+            partition,
+            from_offset,
+            to_offset,
+            resume_from,
+            replayed,
+            dry_run,
+            cause,
+            audit_error,
+        } = self;
+        write!(
+            f,
+            "replay {replay_id} of {dlq} partition {partition} offsets {from_offset}..={to_offset} \
+             stopped before offset {resume_from}: {}",
+            cause.describe(*resume_from)
+        )?;
+        if let StopCause::Publish { .. } = cause {
+            // Timed out is not refused: the broker may still write it.
+            f.write_str(
+                " (the producer's errors are logged above; should the record be written late \
+                 after all, resuming delivers it twice, with the same webhook-id); ",
+            )?;
+        } else {
+            f.write_str("; ")?;
+        }
+        let (verb, prep) = if *dry_run {
+            ("counted", "to replay in")
+        } else {
+            ("republished", "from")
+        };
+        if resume_from > from_offset {
+            write!(
+                f,
+                "it {verb} {replayed} records {prep} offsets {from_offset}..={}",
+                resume_from - 1
+            )?;
+        } else {
+            write!(f, "it {verb} nothing")?;
+        }
+        match audit_error {
+            None => f.write_str(", as its audit entry records")?,
+            Some(e) => write!(
+                f,
+                ", but its audit entry could not be written ({e}): keep this message as the \
+                 record of it"
+            )?,
+        }
+        write!(
+            f,
+            ". Offsets {resume_from}..={to_offset} were not replayed; to replay them, run it again \
+             with --partition {partition} --from-offset {resume_from} --to-offset {to_offset}"
+        )
+    }
+}
+
+impl std::error::Error for Incomplete {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.cause {
+            StopCause::Read { source, .. } => Some(source),
+            _ => self
+                .audit_error
+                .as_ref()
+                .map(|e| e as &(dyn std::error::Error + 'static)),
+        }
+    }
+}
+
 /// How long replay waits for the brokers to answer a metadata or offsets request.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long replay waits for the DLQ's next record before it stops and reports the range
+/// incomplete, unless [`Checked::idle_limit`] says otherwise.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(10);
+
+/// How long one republished record may take to be acknowledged by the deliveries topic before
+/// replay stops, unless [`Checked::publish_deadline`] says otherwise.
+pub const PUBLISH_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The longest one poll of the DLQ consumer blocks, so the idle limit is noticed on time.
+const POLL_WAIT: Duration = Duration::from_millis(500);
 
 /// Turns a librdkafka error into [`ReplayError::Kafka`], naming the brokers and what replay
 /// was doing (`action`).
@@ -351,6 +498,10 @@ pub struct Checked<'a> {
     last: i64,
     /// How many offsets lie in `from_offset..=last`.
     total: u64,
+    /// See [`Checked::idle_limit`].
+    idle_limit: Duration,
+    /// See [`Checked::publish_deadline`].
+    publish_deadline: Duration,
 }
 
 /// Checks `request` locally ([`ReplayRequest::validate`]), then with the brokers: the DLQ topic
@@ -402,6 +553,8 @@ pub async fn check<'a>(
         consumer,
         last,
         total,
+        idle_limit: IDLE_LIMIT,
+        publish_deadline: PUBLISH_DEADLINE,
     })
 }
 
@@ -411,7 +564,23 @@ fn reading(target: &ReplayTarget, request: &ReplayRequest) -> String {
 }
 
 impl Checked<'_> {
+    /// Sets how long replay waits for the DLQ's next record (the partition's leader moving, a
+    /// slow broker) before it stops and reports the range incomplete; [`IDLE_LIMIT`] unless set.
+    pub fn idle_limit(mut self, limit: Duration) -> Self {
+        self.idle_limit = limit;
+        self
+    }
+
+    /// Sets how long one record may take to be acknowledged by the deliveries topic before
+    /// replay stops and reports the range incomplete; [`PUBLISH_DEADLINE`] unless set.
+    pub fn publish_deadline(mut self, deadline: Duration) -> Self {
+        self.publish_deadline = deadline;
+        self
+    }
+
     /// Republishes the checked range (unless a dry run) and records the audit entry in `store`.
+    /// A replay that stops short of the range's end fails with [`ReplayError::Incomplete`],
+    /// after recording an audit entry for the part it covered.
     pub async fn run(
         self,
         store: &dyn DeliveryStore,
@@ -423,16 +592,15 @@ impl Checked<'_> {
             consumer,
             last,
             total,
+            idle_limit,
+            publish_deadline,
         } = self;
         let replay_id = new_replay_id();
-        let kafka = |action: String| kafka_failure(target, action);
-        let reading = reading(target, request);
         let producer: crate::kafka::Producer = producer_config(&target.bootstrap, &target.client)
             .create_with_context(crate::kafka::ProducerLog::default())
-            .map_err(kafka("creating the producer".into()))?;
+            .map_err(kafka_failure(target, "creating the producer".into()))?;
         let deliveries: Arc<str> = Arc::from(target.deliveries.as_str());
         let never = CancellationToken::new();
-        let publish_deadline = Duration::from_secs(60);
         let mut summary = ReplaySummary {
             replay_id: replay_id.clone(),
             scanned: 0,
@@ -441,27 +609,38 @@ impl Checked<'_> {
             undecodable: 0,
             last_offset: last,
         };
+        // The first offset not yet covered (republished, filtered or skipped): where a replay
+        // that stops short resumes.
         let mut next = request.from_offset;
-        let mut idle_polls = 0;
-        while next <= last {
+        let mut heard_at = Instant::now();
+        let stop = loop {
+            if next > last {
+                break None;
+            }
+            let wait = idle_limit.saturating_sub(heard_at.elapsed()).min(POLL_WAIT);
             // The consumer's poll blocks; keep it off the async workers' backs.
-            let polled = tokio::task::block_in_place(|| consumer.poll(Duration::from_millis(500)));
-            let Some(polled) = polled else {
-                idle_polls += 1;
-                if idle_polls > 20 {
-                    break;
+            let msg = match tokio::task::block_in_place(|| consumer.poll(wait)) {
+                Some(Ok(m)) => m,
+                // End of partition before `last` is the end of what the replica being read
+                // holds so far (a follower behind its leader): the rest of the range may still
+                // come, within the idle limit.
+                None | Some(Err(KafkaError::PartitionEOF(_))) => {
+                    if heard_at.elapsed() >= idle_limit {
+                        break Some(StopCause::Idle(idle_limit));
+                    }
+                    continue;
                 }
-                continue;
+                Some(Err(source)) => {
+                    break Some(StopCause::Read {
+                        bootstrap: target.bootstrap.clone(),
+                        source,
+                    });
+                }
             };
-            idle_polls = 0;
-            let msg = match polled {
-                Ok(m) => m,
-                Err(KafkaError::PartitionEOF(_)) => break,
-                Err(e) => return Err(kafka(reading)(e)),
-            };
+            heard_at = Instant::now();
             next = msg.offset() + 1;
             if msg.offset() > last {
-                break;
+                break None;
             }
             summary.scanned += 1;
             progress.update(summary.scanned, total);
@@ -480,8 +659,8 @@ impl Checked<'_> {
                 summary.filtered += 1;
                 continue;
             }
-            summary.replayed += 1;
             if request.dry_run {
+                summary.replayed += 1;
                 continue;
             }
             let out = outgoing(deliveries.clone(), &record.for_replay(replay_id.clone()));
@@ -491,56 +670,96 @@ impl Checked<'_> {
             )
             .await;
             if !matches!(sent, Ok(true)) {
-                return Err(ReplayError::Publish {
+                // Not republished: a resumed replay starts with it.
+                next = msg.offset();
+                break Some(StopCause::Publish {
                     topic: target.deliveries.clone(),
-                    done: summary.replayed - 1,
+                    deadline: publish_deadline,
                 });
             }
-        }
+            summary.replayed += 1;
+        };
         if !request.dry_run {
             telemetry::replayed(summary.replayed);
         }
-        let scope = format!(
-            "{} partition {} offsets {}..={}{}{}",
-            target.dlq,
-            request.partition,
-            request.from_offset,
-            last,
-            if request.to_offset > last {
-                format!(
-                    " (asked up to {}; the partition ended there)",
-                    request.to_offset
-                )
-            } else {
-                String::new()
-            },
-            request
-                .endpoint
-                .as_ref()
-                .map(|e| format!(", endpoint {e}"))
-                .unwrap_or_default()
-        );
         let audit = ReplayAudit {
             replay_id: replay_id.clone(),
             actor: request.actor.clone(),
             reason: request.reason.clone(),
             at: SystemTime::now(),
-            scope,
+            scope: scope(
+                target,
+                request,
+                last,
+                stop.as_ref().map(|cause| (cause, next)),
+            ),
             count: summary.replayed,
             dry_run: request.dry_run,
         };
-        store
-            .record_replay(&audit)
-            .await
-            .map_err(|source| ReplayError::Audit {
+        let recorded = store.record_replay(&audit).await;
+        if recorded.is_ok() {
+            tracing::info!(replay_id = %audit.replay_id, actor = %audit.actor,
+                reason = %audit.reason, scope = %audit.scope, count = audit.count,
+                dry_run = audit.dry_run, "replay recorded");
+        }
+        match (stop, recorded) {
+            (None, Ok(())) => Ok(summary),
+            (None, Err(source)) => Err(ReplayError::Audit {
                 replay_id,
                 replayed: summary.replayed,
                 source,
-            })?;
-        tracing::info!(replay_id = %audit.replay_id, actor = %audit.actor, reason = %audit.reason,
-            scope = %audit.scope, count = audit.count, dry_run = audit.dry_run, "replay recorded");
-        Ok(summary)
+            }),
+            (Some(cause), recorded) => Err(ReplayError::Incomplete(Box::new(Incomplete {
+                replay_id,
+                dlq: target.dlq.clone(),
+                partition: request.partition,
+                from_offset: request.from_offset,
+                to_offset: request.to_offset,
+                resume_from: next,
+                replayed: summary.replayed,
+                dry_run: request.dry_run,
+                cause,
+                audit_error: recorded.err(),
+            }))),
+        }
     }
+}
+
+/// The audit entry's account of what a replay covered: `from_offset..=last` when it reached
+/// the end of its range; else, given why it stopped and the first offset it did not cover,
+/// the offsets before that one, what was asked, and why it stopped.
+fn scope(
+    target: &ReplayTarget,
+    request: &ReplayRequest,
+    last: i64,
+    stopped: Option<(&StopCause, i64)>,
+) -> String {
+    let from = request.from_offset;
+    let to = request.to_offset;
+    let mut scope = format!("{} partition {}", target.dlq, request.partition);
+    match stopped {
+        None => {
+            scope.push_str(&format!(" offsets {from}..={last}"));
+            if to > last {
+                scope.push_str(&format!(" (asked up to {to}; the partition ended there)"));
+            }
+        }
+        Some((cause, resume_from)) => {
+            if resume_from > from {
+                scope.push_str(&format!(" offsets {from}..={}", resume_from - 1));
+            } else {
+                scope.push_str(" no offsets");
+            }
+            scope.push_str(&format!(
+                " (asked {from}..={to}; incomplete, stopped before offset {resume_from}: {})",
+                cause.describe(resume_from)
+            ));
+        }
+    }
+    if let Some(endpoint) = &request.endpoint {
+        scope.push_str(&format!(", endpoint {endpoint}"));
+    }
+    scope
 }
 
 #[cfg(test)]
@@ -564,6 +783,54 @@ mod tests {
             .validate()
             .expect_err("the request should be refused")
             .to_string()
+    }
+
+    /// A replay of `hookline.dlq` partition 3, offsets 1200..=1450, stopped before `resume_from`
+    /// with every record before it republished.
+    fn stopped(cause: StopCause, resume_from: i64, audit_error: Option<StoreError>) -> Incomplete {
+        Incomplete {
+            replay_id: "rpl_1".into(),
+            dlq: "hookline.dlq".into(),
+            partition: 3,
+            from_offset: 1200,
+            to_offset: 1450,
+            resume_from,
+            replayed: u64::try_from(resume_from - 1200).unwrap(),
+            dry_run: false,
+            cause,
+            audit_error,
+        }
+    }
+
+    #[test]
+    fn an_incomplete_replay_says_where_it_stopped_what_it_republished_and_how_to_resume() {
+        assert_eq!(
+            stopped(StopCause::Idle(Duration::from_secs(10)), 1300, None).to_string(),
+            "replay rpl_1 of hookline.dlq partition 3 offsets 1200..=1450 stopped before offset \
+             1300: no record arrived for 10s: the partition's leader may be moving or its broker \
+             slow; it republished 100 records from offsets 1200..=1299, as its audit entry \
+             records. Offsets 1300..=1450 were not replayed; to replay them, run it again with \
+             --partition 3 --from-offset 1300 --to-offset 1450"
+        );
+    }
+
+    #[test]
+    fn an_incomplete_replay_whose_audit_entry_failed_says_so() {
+        let cause = StopCause::Publish {
+            topic: "hookline.deliveries".into(),
+            deadline: Duration::from_secs(60),
+        };
+        let audit_error = StoreError::Unavailable("no CQL node answered".into());
+        assert_eq!(
+            stopped(cause, 1200, Some(audit_error)).to_string(),
+            "replay rpl_1 of hookline.dlq partition 3 offsets 1200..=1450 stopped before offset \
+             1200: hookline.deliveries did not acknowledge offset 1200 within 1m (the producer's \
+             errors are logged above; should the record be written late after all, resuming \
+             delivers it twice, with the same webhook-id); it republished nothing, but its audit \
+             entry could not be written (store unavailable: no CQL node answered): keep this \
+             message as the record of it. Offsets 1200..=1450 were not replayed; to replay them, \
+             run it again with --partition 3 --from-offset 1200 --to-offset 1450"
+        );
     }
 
     #[test]

@@ -1,10 +1,31 @@
-//! `hookline replay` on the command line: arguments that are wrong fail at once, naming the
-//! flag, before the store or Kafka is contacted. (Replaying itself is tested in `pipeline`.)
+//! `hookline replay`: on the command line, arguments that are wrong fail at once, naming the
+//! flag, before the store or Kafka is contacted; a range that cannot be replayed to its end is
+//! an error that says where to resume, with what was republished in the audit trail.
+//! (Replaying a whole range is tested in `pipeline`.)
 
+use std::collections::BTreeMap;
 use std::process::Output;
 use std::time::Duration;
 
-use crate::services::fixture::{Topics, require_kafka, require_kafka_controller, unique};
+use hookline::attempt::ErrorClass;
+use hookline::id::{EndpointId, EventId, Tenant};
+use hookline::input::EventType;
+use hookline::record::{DeadInfo, DeliveryRecord, UnixMillis, build_body};
+use hookline::replay::{
+    Incomplete, Progress, ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, StopCause, check,
+};
+use hookline::retry_policy::DeadReason;
+use hookline::storage::DeliveryStore;
+use hookline::storage::memory::MemoryStore;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{DefaultProducerContext, FutureProducer};
+use rdkafka::types::{RDKafkaApiKey, RDKafkaErrorCode, RDKafkaRespErr};
+
+use crate::pipeline::harness::produce_delivery;
+use crate::services::fixture::{
+    Topics, kafka_config, limit_record_size, require_kafka, require_kafka_controller, unique,
+};
 use crate::support::hookline_bin;
 
 /// Nothing listens here: a connection attempt would wait for its timeout (60 s for the store).
@@ -213,5 +234,281 @@ async fn kafka_names_a_wrong_range_before_the_store_is_opened() {
             "{args:?}: expected {expected:?} in:\n{stderr}"
         );
     }
+    topics.delete().await;
+}
+
+/// Dead letter `n` of a test DLQ, its event's data padded with `padding` bytes.
+fn dead_letter(n: usize, padding: usize) -> DeliveryRecord {
+    let event_id = EventId::parse(format!("evt_{n}")).expect("event id");
+    let event_type = EventType::parse("order.created").expect("event type");
+    let at = UnixMillis(1_700_000_000_000);
+    let data = serde_json::json!({"n": n, "pad": "x".repeat(padding)});
+    let data = serde_json::value::to_raw_value(&data).expect("data");
+    let body = build_body(&event_id, &event_type, at, &data);
+    DeliveryRecord::new(
+        event_id,
+        EndpointId::generate(),
+        Tenant::parse("acme").expect("tenant"),
+        event_type,
+        at,
+        None,
+        body,
+    )
+    .for_dlq(DeadInfo {
+        reason: DeadReason::HttpStatus,
+        last_status: Some(404),
+        last_error: Some(ErrorClass::HttpStatus),
+        last_attempt_at: at,
+        signing_key_ids: vec![],
+    })
+}
+
+/// Writes `records` to `topic`, one acknowledged batch each.
+async fn write_dlq(bootstrap: &str, topic: &str, records: &[DeliveryRecord]) {
+    let producer: FutureProducer = kafka_config(bootstrap).create().expect("producer");
+    for record in records {
+        produce_delivery(&producer, topic, record).await;
+    }
+}
+
+/// A replay of partition 0, `from..=to`, as the on-call engineer asks for it.
+fn replay_of(from: i64, to: i64) -> ReplayRequest {
+    ReplayRequest {
+        partition: 0,
+        from_offset: from,
+        to_offset: to,
+        endpoint: None,
+        actor: "oncall".into(),
+        reason: "receiver fixed".into(),
+        dry_run: false,
+    }
+}
+
+/// How many dead letters [`lagging_dlq`] writes.
+const LAGGING_DLQ_RECORDS: i64 = 6;
+
+/// A two-broker mock cluster whose DLQ partition 0 holds [`LAGGING_DLQ_RECORDS`] dead letters
+/// and is read from a follower that has only the first few: a reader gets those and the end of
+/// the partition as the follower knows it, then nothing. Returns the cluster and a replay target
+/// on it.
+async fn lagging_dlq() -> (MockCluster<'static, DefaultProducerContext>, ReplayTarget) {
+    let mock = MockCluster::new(2).expect("mock cluster");
+    let target = ReplayTarget {
+        bootstrap: mock.bootstrap_servers(),
+        // The mock tells read-committed consumers the leader's end of the partition even when
+        // they fetch from a follower; read-uncommitted ones get the follower's own end, as a
+        // real follower reports it, and reach it long before the range's end.
+        client: BTreeMap::from([("isolation.level".to_owned(), "read_uncommitted".to_owned())])
+            .into(),
+        dlq: "hookline.dlq".into(),
+        deliveries: "hookline.deliveries".into(),
+    };
+    mock.create_topic(&target.dlq, 1, 2).expect("DLQ topic");
+    mock.create_topic(&target.deliveries, 1, 1)
+        .expect("deliveries topic");
+    mock.partition_leader(&target.dlq, 0, Some(1))
+        .expect("DLQ leader");
+    let records: Vec<DeliveryRecord> = (0..LAGGING_DLQ_RECORDS as usize)
+        .map(|n| dead_letter(n, 0))
+        .collect();
+    write_dlq(&target.bootstrap, &target.dlq, &records).await;
+    mock.partition_follower(&target.dlq, 0, 2)
+        .expect("DLQ follower");
+    mock.follower_watermarks(&target.dlq, 0, None, Some(LAGGING_DLQ_RECORDS / 2))
+        .expect("the follower lags");
+    (mock, target)
+}
+
+/// Replays all of [`lagging_dlq`]'s records, waiting up to `idle_limit` for each, reporting its
+/// progress to `progress`.
+async fn replay_lagging_dlq(
+    target: &ReplayTarget,
+    store: &MemoryStore,
+    idle_limit: Duration,
+    progress: &mut dyn Progress,
+) -> Result<ReplaySummary, ReplayError> {
+    let request = replay_of(0, LAGGING_DLQ_RECORDS - 1);
+    check(target, &request)
+        .await
+        .expect("the range is in the partition")
+        .idle_limit(idle_limit)
+        .run(store, progress)
+        .await
+}
+
+/// Asserts that a replay of partition 0 from offset 0 to `to` stopped short of its end, and
+/// that its error, its audit entry (the only one in `store`) and the deliveries topic agree on
+/// what was republished: every offset before the one the error says to resume from. Returns
+/// the stop and its message.
+async fn assert_stopped_and_audited(
+    result: Result<ReplaySummary, ReplayError>,
+    to: i64,
+    target: &ReplayTarget,
+    store: &MemoryStore,
+) -> (Box<Incomplete>, String) {
+    let stop = match result {
+        Err(ReplayError::Incomplete(stop)) => stop,
+        other => panic!("expected an incomplete replay, got {other:?}"),
+    };
+    let message = stop.to_string();
+    let resume = stop.resume_from;
+    assert!((0..=to).contains(&resume), "{message}");
+    assert_eq!(
+        u64::try_from(resume).unwrap(),
+        stop.replayed,
+        "every record before the resume offset is republished: {message}"
+    );
+    assert!(
+        message.ends_with(&format!(
+            "run it again with --partition 0 --from-offset {resume} --to-offset {to}"
+        )),
+        "{message}"
+    );
+    let audits = store.replays(10).await.expect("audit trail");
+    let [audit] = &audits[..] else {
+        panic!("expected one audit entry: {audits:?}")
+    };
+    assert_eq!(
+        (audit.replay_id.as_str(), audit.count),
+        (stop.replay_id.as_str(), stop.replayed),
+        "{audit:?}"
+    );
+    let covered = if resume > 0 {
+        format!("offsets 0..={}", resume - 1)
+    } else {
+        "no offsets".to_owned()
+    };
+    let scope = format!(
+        "{} partition 0 {covered} (asked 0..={to}; incomplete, stopped before offset {resume}: ",
+        target.dlq
+    );
+    assert!(audit.scope.starts_with(&scope), "{scope:?} in {audit:?}");
+    let consumer: BaseConsumer = kafka_config(&target.bootstrap).create().expect("consumer");
+    let (low, high) = consumer
+        .fetch_watermarks(&target.deliveries, 0, Duration::from_secs(10))
+        .expect("deliveries watermarks");
+    assert_eq!(
+        high - low,
+        resume,
+        "records republished to {}",
+        target.deliveries
+    );
+    (stop, message)
+}
+
+/// A range whose end the reader cannot reach within its idle limit is an error, even when the
+/// reader is told it has reached the end of the partition: here it reads a follower that lags
+/// (as one catching up, or taking over the partition, does), which reports its own end. The
+/// error says where the replay stopped and the flags that replay the rest, and the audit entry
+/// counts and names what was republished, not the range asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_the_reader_cannot_finish_fails_and_says_where_to_resume() {
+    let (_mock, target) = lagging_dlq().await;
+    let store = MemoryStore::default();
+    let result = replay_lagging_dlq(&target, &store, Duration::from_secs(2), &mut |_, _| {}).await;
+    let to = LAGGING_DLQ_RECORDS - 1;
+    let (stop, message) = assert_stopped_and_audited(result, to, &target, &store).await;
+    assert!(matches!(stop.cause, StopCause::Idle(_)), "{message}");
+    assert!(
+        stop.resume_from > 0,
+        "the reader got the first records: {message}"
+    );
+    let reached = stop.resume_from;
+    assert!(
+        message.starts_with(&format!(
+            "replay {} of hookline.dlq partition 0 offsets 0..={to} stopped before offset \
+             {reached}: no record arrived for 2s: ",
+            stop.replay_id
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!(
+            "; it republished {reached} records from offsets 0..={}, as its audit entry records. ",
+            reached - 1
+        )),
+        "{message}"
+    );
+}
+
+/// A read that fails partway (here the broker refuses the fetch) is audited for what was
+/// republished before it, and its error names the failure and where to resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_fails_partway_is_audited_and_says_where_to_resume() {
+    let (mock, target) = lagging_dlq().await;
+    let store = MemoryStore::default();
+    let mut refuse_fetches = |done: u64, _| {
+        if done == 1 {
+            mock.request_errors(
+                RDKafkaApiKey::Fetch,
+                &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 100],
+            );
+        }
+    };
+    let result =
+        replay_lagging_dlq(&target, &store, Duration::from_secs(5), &mut refuse_fetches).await;
+    let to = LAGGING_DLQ_RECORDS - 1;
+    let (stop, message) = assert_stopped_and_audited(result, to, &target, &store).await;
+    let StopCause::Read { source, .. } = &stop.cause else {
+        panic!("expected the read to fail: {message}")
+    };
+    assert_eq!(
+        source.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!(
+            "stopped before offset {}: reading it from Kafka at {} failed: ",
+            stop.resume_from, target.bootstrap
+        )),
+        "{message}"
+    );
+}
+
+/// Dead letters at or above this size are refused by the deliveries topic of
+/// [`a_record_the_deliveries_topic_refuses_stops_the_replay_there`].
+const REFUSED_SIZE: u32 = 4096;
+
+/// A record the deliveries topic refuses stops the replay at its offset: the records before it
+/// are republished and audited, and the error names the offset and the flags that resume
+/// there. Only the real broker refuses a topic's records by size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_deliveries_topic_refuses_stops_the_replay_there() {
+    let kafka = require_kafka().await;
+    let target = ReplayTarget {
+        bootstrap: kafka.clone(),
+        client: Default::default(),
+        dlq: unique("replay_dlq"),
+        deliveries: unique("replay_deliveries"),
+    };
+    let topics = Topics::create(&kafka, &[&target.dlq, &target.deliveries], 1).await;
+    limit_record_size(&kafka, &target.deliveries, REFUSED_SIZE).await;
+    let too_large = 2 * REFUSED_SIZE as usize;
+    let records = [
+        dead_letter(0, 0),
+        dead_letter(1, 0),
+        dead_letter(2, too_large),
+        dead_letter(3, 0),
+    ];
+    write_dlq(&kafka, &target.dlq, &records).await;
+    let store = MemoryStore::default();
+    let request = replay_of(0, 3);
+    let result = check(&target, &request)
+        .await
+        .expect("the range is in the partition")
+        .publish_deadline(Duration::from_secs(3))
+        .run(&store, &mut |_, _| {})
+        .await;
+    let (stop, message) = assert_stopped_and_audited(result, 3, &target, &store).await;
+    assert!(matches!(stop.cause, StopCause::Publish { .. }), "{message}");
+    assert_eq!(stop.resume_from, 2, "{message}");
+    assert!(
+        message.contains(&format!(
+            "stopped before offset 2: {} did not acknowledge offset 2 within 3s",
+            target.deliveries
+        )),
+        "{message}"
+    );
     topics.delete().await;
 }
