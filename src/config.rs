@@ -174,6 +174,29 @@ pub struct KafkaConfig {
     pub input_pattern: Option<String>,
     /// Consumer groups are `{group_prefix}-fanout`, `-deliver` and `-delay`.
     pub group_prefix: String,
+    /// How outbox records carry an event's type and tenant.
+    pub outbox: OutboxConfig,
+}
+
+/// `[kafka.outbox]`: the headers Debezium's Outbox Event Router puts an outbox row's type and
+/// tenant in (`transforms.outbox.table.fields.additional.placement`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// The header holding the event type (`type:header:eventType`).
+    pub type_header: String,
+    /// The header holding the tenant (`tenant_id:header:tenant`).
+    pub tenant_header: String,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        let input = crate::input::InputConfig::default();
+        OutboxConfig {
+            type_header: input.type_header,
+            tenant_header: input.tenant_header,
+        }
+    }
 }
 
 impl Default for KafkaConfig {
@@ -187,6 +210,7 @@ impl Default for KafkaConfig {
             input_topics: vec![],
             input_pattern: Some(r"^outbox\.event\..*".into()),
             group_prefix: "hookline".into(),
+            outbox: OutboxConfig::default(),
         }
     }
 }
@@ -753,6 +777,34 @@ impl Config {
             return Err(invalid(
                 "kafka.group_prefix",
                 "must be non-empty ASCII letters, digits, '.', '_' or '-'",
+            ));
+        }
+        let o = &k.outbox;
+        for (key, name) in [
+            ("kafka.outbox.type_header", &o.type_header),
+            ("kafka.outbox.tenant_header", &o.tenant_header),
+        ] {
+            if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) {
+                return Err(invalid(
+                    key,
+                    format!("= {name:?} must be a header name of 1 to 256 characters"),
+                ));
+            }
+            if name == crate::input::OUTBOX_ID_HEADER {
+                return Err(invalid(
+                    key,
+                    "= \"id\" is the header of the event id (Debezium's Outbox Event Router \
+                     fixes it)",
+                ));
+            }
+        }
+        if o.type_header == o.tenant_header {
+            return Err(invalid(
+                "kafka.outbox.tenant_header",
+                format!(
+                    "= {:?} is kafka.outbox.type_header as well; they are two headers",
+                    o.tenant_header
+                ),
             ));
         }
         let t = &k.topics;
@@ -1758,6 +1810,22 @@ mod tests {
             (
                 "[http]\nmax_payload_bytes = 2000000\n[kafka.client]\n\"message.max.bytes\" = \"1500000\"",
                 "http.max_payload_bytes = 2000000 must be between 1 and 1434464",
+            ),
+            (
+                "[kafka.outbox]\ntype_header = \"\"",
+                "kafka.outbox.type_header = \"\" must be a header name of 1 to 256 characters",
+            ),
+            (
+                "[kafka.outbox]\ntenant_header = \"id\"",
+                "kafka.outbox.tenant_header = \"id\" is the header of the event id",
+            ),
+            (
+                "[kafka.outbox]\ntype_header = \"t\"\ntenant_header = \"t\"",
+                "kafka.outbox.tenant_header = \"t\" is kafka.outbox.type_header as well",
+            ),
+            (
+                "[kafka.outbox]\ntype = \"t\"",
+                "unknown key kafka.outbox.type",
             ),
             (
                 "[kafka.client]\n\"message.max.bytes\" = \"1MB\"",

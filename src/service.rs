@@ -269,6 +269,8 @@ pub async fn start(
         let input = InputConfig {
             max_payload: usize::try_from(config.http.max_payload_bytes).unwrap_or(usize::MAX),
             max_record: usize::try_from(config.message_max_bytes()?).unwrap_or(usize::MAX),
+            type_header: k.outbox.type_header.clone(),
+            tenant_header: k.outbox.tenant_header.clone(),
             ..InputConfig::default()
         };
         let topics = FanoutTopics {

@@ -211,6 +211,28 @@ impl Pipeline {
             .await;
     }
 
+    /// Produces a record with `headers` and `value` to the events topic, as Debezium's Outbox
+    /// Event Router writes one to an input topic.
+    pub async fn post_with_headers(&self, key: &str, headers: &[(&str, &str)], value: &[u8]) {
+        let mut owned = rdkafka::message::OwnedHeaders::new();
+        for (name, v) in headers {
+            owned = owned.insert(rdkafka::message::Header {
+                key: name,
+                value: Some(*v),
+            });
+        }
+        self.producer()
+            .send(
+                FutureRecord::to(&self.config.kafka.topics.events)
+                    .key(key)
+                    .headers(owned)
+                    .payload(value),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("record produced");
+    }
+
     /// Produces raw bytes to the events topic through a producer with librdkafka's own record
     /// limit, whatever `kafka.client` sets for hookline: input topics may hold records larger
     /// than hookline's producers write.

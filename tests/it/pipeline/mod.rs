@@ -610,6 +610,43 @@ async fn an_invalid_record_too_large_to_forward_goes_without_its_value(on: On) {
     p.stop().await;
 }
 
+/// An outbox record whose type and tenant ride in the headers `[kafka.outbox]` names (a
+/// connector placing `type:header:type,tenant_id:header:tenantId`) is delivered; one carrying
+/// the default names instead is invalid, naming the header it lacks.
+async fn outbox_headers_are_the_configured_ones(on: On) {
+    let mut config = test_config(on);
+    config.kafka.outbox.type_header = "type".into();
+    config.kafka.outbox.tenant_header = "tenantId".into();
+    let p = Pipeline::start(on, config).await;
+    let r = Receiver::fixed(Reply::status(200)).await;
+    p.endpoint("acme", &r.url("/"), &["order.created"]).await;
+    let value = br#"{"order":1}"#;
+    p.post_with_headers(
+        "agg1",
+        &[
+            ("id", "ob_default"),
+            ("eventType", "order.created"),
+            ("tenant", "acme"),
+        ],
+        value,
+    )
+    .await;
+    p.post_with_headers(
+        "agg1",
+        &[
+            ("id", "ob_custom"),
+            ("type", "order.created"),
+            ("tenantId", "acme"),
+        ],
+        value,
+    )
+    .await;
+    let got = r.wait_for(1, WAIT).await;
+    assert_eq!(got[0].header("webhook-id"), Some("ob_custom"));
+    the_invalid_record(&p, value, "missing_header:type").await;
+    p.stop().await;
+}
+
 /// A record on the deliveries topic that is not a delivery record (no hookline headers) is
 /// forwarded to the invalid topic byte for byte, and the deliveries behind it go on.
 async fn an_undecodable_delivery_record_goes_to_the_invalid_topic(on: On) {
@@ -1037,6 +1074,7 @@ on_both!(
     held_back_records_are_dead_lettered_when_their_window_is_spent,
     malformed_input_goes_to_the_invalid_topic,
     a_header_name_that_is_not_utf8_goes_to_the_invalid_topic,
+    outbox_headers_are_the_configured_ones,
     an_invalid_record_too_large_to_forward_goes_without_its_value,
     an_undecodable_delivery_record_goes_to_the_invalid_topic,
     a_restart_mid_stream_loses_nothing,
