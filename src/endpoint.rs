@@ -715,9 +715,24 @@ pub struct RotateSecret {
     /// How long the previous secrets keep signing (`"24h"`); default 24 h.
     #[serde(default, with = "humantime_serde")]
     pub old_expires_in: Option<Duration>,
-    /// When the previous secrets stop signing (RFC 3339); exclusive with `old_expires_in`.
-    #[serde(default, with = "humantime_serde")]
+    /// When the previous secrets stop signing (RFC 3339, any offset); exclusive with
+    /// `old_expires_in`.
+    #[serde(default, deserialize_with = "rfc3339")]
     pub old_expires_at: Option<SystemTime>,
+}
+
+/// An RFC 3339 time with any UTC offset (`Z`, `+02:00`), as `occurred_at` and `since` take.
+fn rfc3339<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SystemTime>, D::Error> {
+    let Some(text) = Option::<String>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let time = chrono::DateTime::parse_from_rfc3339(&text).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "{text:?} is not an RFC 3339 time such as \"2030-01-01T00:00:00Z\" ({e})"
+        ))
+    })?;
+    let utc = time.with_timezone(&chrono::Utc);
+    Ok(Some(SystemTime::from(utc)))
 }
 
 impl fmt::Debug for RotateSecret {
@@ -873,6 +888,27 @@ mod tests {
         );
         assert_eq!(e, before, "a failed patch changes nothing");
         assert!(serde_json::from_str::<PatchEndpoint>(r#"{"tenant":"b"}"#).is_err());
+    }
+
+    #[test]
+    fn old_expires_at_takes_any_utc_offset() {
+        let at = |json: &str| serde_json::from_str::<RotateSecret>(json).map(|r| r.old_expires_at);
+        let utc = at(r#"{"old_expires_at":"2030-01-01T00:00:00Z"}"#).unwrap();
+        assert_eq!(
+            at(r#"{"old_expires_at":"2030-01-01T02:00:00+02:00"}"#).unwrap(),
+            utc,
+            "the same instant"
+        );
+        assert_eq!(
+            utc.unwrap(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_893_456_000)
+        );
+        let err = at(r#"{"old_expires_at":"tomorrow"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is not an RFC 3339 time"), "{err}");
+        assert_eq!(at("{}").unwrap(), None);
+        assert_eq!(at(r#"{"old_expires_at":null}"#).unwrap(), None);
     }
 
     #[test]
