@@ -41,6 +41,9 @@ pub enum ErrorClass {
     HttpStatus,
     /// The receiver answered with a 3xx; redirects are never followed.
     Redirect,
+    /// Nothing was sent: the endpoint was deleted or disabled, has no signing secret, or held
+    /// the delivery back past its window. The attempt row's error says which.
+    NotSent,
 }
 
 impl ErrorClass {
@@ -156,6 +159,7 @@ mod tests {
                 "timeout",
                 "http_status",
                 "redirect",
+                "not_sent",
             ]
         );
     }

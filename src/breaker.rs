@@ -68,7 +68,8 @@ impl Outcome {
                 | ErrorClass::InsecureScheme
                 | ErrorClass::InvalidUrl
                 | ErrorClass::HttpStatus
-                | ErrorClass::Redirect => None,
+                | ErrorClass::Redirect
+                | ErrorClass::NotSent => None,
             },
         }
     }
@@ -512,6 +513,7 @@ mod tests {
             ErrorClass::SsrfBlocked,
             ErrorClass::InsecureScheme,
             ErrorClass::InvalidUrl,
+            ErrorClass::NotSent,
         ] {
             assert_eq!(Outcome::of(&failed(class)), None);
         }

@@ -222,10 +222,12 @@ impl SendPlan {
 }
 
 /// An attempt that never left: nothing was sent.
-fn refused(detail: &str) -> Attempt {
+/// An attempt that sent nothing, for `class` (`invalid_url`, or `not_sent` with `detail` saying
+/// why).
+fn refused(class: ErrorClass, detail: &str) -> Attempt {
     Attempt {
         result: AttemptResult::Failed {
-            class: ErrorClass::InvalidUrl,
+            class,
             detail: detail.to_owned(),
         },
         latency: Duration::ZERO,
@@ -311,11 +313,13 @@ impl DeliverDeps {
                 (a, key_ids, false)
             }
             Err(Unsendable::NoKey) => (
-                refused("endpoint has no active signing secret"),
+                refused(ErrorClass::NotSent, "endpoint has no active signing secret"),
                 vec![],
                 true,
             ),
-            Err(Unsendable::BadUrl(detail)) => (refused(&detail), vec![], false),
+            Err(Unsendable::BadUrl(detail)) => {
+                (refused(ErrorClass::InvalidUrl, &detail), vec![], false)
+            }
         };
         let finished = SystemTime::now();
         answered(breaker::Outcome::of(&attempt.result));
@@ -365,7 +369,7 @@ impl DeliverDeps {
         };
         self.settle_decision(
             record,
-            refused(reason.as_str()),
+            refused(ErrorClass::NotSent, reason.as_str()),
             attempt_no,
             now,
             vec![],

@@ -15,6 +15,7 @@
 //! | 3xx (never followed), 409 and every other 4xx    | dead                            |
 //! | 1xx or any status outside 200..=599              | dead                            |
 //! | ssrf_blocked, insecure_scheme, invalid_url       | dead                            |
+//! | not_sent (a refusal; never classified)           | dead                            |
 //!
 //! 408 (Request Timeout) and 425 (Too Early) say "the same request may succeed later", so they
 //! retry. 409 (Conflict) is the receiver rejecting the event against its own state; sending the
@@ -142,6 +143,9 @@ pub fn classify(result: &AttemptResult, now: SystemTime) -> Verdict {
             // table stays total so a new caller cannot make a retry loop out of them.
             ErrorClass::HttpStatus => dead(DeadReason::HttpStatus),
             ErrorClass::Redirect => dead(DeadReason::Redirect),
+            // A refusal's reason is its caller's (endpoint deleted or disabled, no key, window);
+            // it is never classified, and dead, not retried, if it ever were.
+            ErrorClass::NotSent => dead(DeadReason::EndpointDisabled),
         },
     }
 }

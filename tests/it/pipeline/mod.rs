@@ -441,13 +441,13 @@ async fn held_back_records_are_dead_lettered_when_their_window_is_spent(on: On) 
         } else {
             p.read(&dlq, n, WAIT).await
         };
-        let held: BTreeMap<String, DeadReason> = got
+        let held: BTreeMap<String, hookline::record::DeadInfo> = got
             .iter()
             .map(dead_record)
             .filter(|d| d.event_id.as_str().starts_with("held"))
             .map(|d| {
-                let reason = d.dead.as_ref().expect("dead info").reason;
-                (d.event_id.as_str().to_owned(), reason)
+                let info = d.dead.clone().expect("dead info");
+                (d.event_id.as_str().to_owned(), info)
             })
             .collect();
         // The breaker's probes reach a few of them (one per cool-down, each cool-down twice
@@ -462,10 +462,18 @@ async fn held_back_records_are_dead_lettered_when_their_window_is_spent(on: On) 
         "{} of 30 held records dead-lettered",
         dead.len()
     );
-    assert!(
-        dead.values().all(|r| *r == DeadReason::WindowExhausted),
-        "{dead:?}"
-    );
+    for (id, info) in &dead {
+        assert_eq!(info.reason, DeadReason::WindowExhausted, "{id}");
+        // Refused without a request (`not_sent`), or answered 503 as a breaker's probe.
+        match info.last_status {
+            None => assert_eq!(
+                info.last_error,
+                Some(hookline::attempt::ErrorClass::NotSent),
+                "{id}"
+            ),
+            Some(status) => assert_eq!(status, 503, "{id}"),
+        }
+    }
     p.stop().await;
 }
 
