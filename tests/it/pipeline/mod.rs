@@ -482,6 +482,10 @@ async fn held_back_records_are_dead_lettered_when_their_window_is_spent(on: On) 
 /// Returns the pipeline and the hanging receiver.
 async fn hanging_beside_healthy(mut config: Config, on: On, n: usize) -> (Pipeline, Receiver) {
     config.http.total_timeout = Duration::from_secs(45);
+    // Records held back from the hanging endpoint start their window then; the test config's
+    // 3 s would dead-letter them (an attempt row, nothing sent) while a loaded machine is still
+    // delivering the healthy ones.
+    config.retry.window = Duration::from_secs(600);
     let p = Pipeline::start(on, config).await;
     let slow = Receiver::fixed(Reply::status(200).delay(Duration::from_secs(3600))).await;
     let fast = Receiver::fixed(Reply::status(200)).await;
