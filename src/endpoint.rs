@@ -176,8 +176,9 @@ impl SecretMaterial {
         let b64 = s
             .strip_prefix(WHSEC_PREFIX)
             .ok_or_else(|| invalid("secret", "must start with whsec_"))?;
+        // With or without `=` padding, as `hookline sign` and `verify` read secrets.
         let bytes = Zeroizing::new(
-            STANDARD
+            crate::signing::KEY_BASE64
                 .decode(b64)
                 .map_err(|_| invalid("secret", "must be whsec_ followed by base64"))?,
         );
@@ -779,6 +780,23 @@ mod tests {
         assert_eq!(
             SecretMaterial::parse_whsec(&whsec).unwrap(),
             e.secrets[0].material
+        );
+        // Without its `=` padding, as `hookline sign` and `verify` take it, the same secret.
+        let unpadded = whsec.trim_end_matches('=');
+        assert_ne!(
+            unpadded,
+            whsec.as_str(),
+            "32 bytes of base64 end in padding"
+        );
+        assert_eq!(
+            SecretMaterial::parse_whsec(unpadded).unwrap(),
+            e.secrets[0].material
+        );
+        assert_eq!(
+            SecretMaterial::parse_whsec("whsec_!!!!")
+                .unwrap_err()
+                .to_string(),
+            "secret: must be whsec_ followed by base64"
         );
     }
 

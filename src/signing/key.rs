@@ -17,7 +17,7 @@ const WHPK: &str = "whpk_";
 
 /// Standard alphabet that accepts keys with or without `=` padding: the Standard Webhooks
 /// reference libraries accept both, and a 24-byte secret has no padding at all.
-const KEY_BASE64: GeneralPurpose = GeneralPurpose::new(
+pub(crate) const KEY_BASE64: GeneralPurpose = GeneralPurpose::new(
     &alphabet::STANDARD,
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );

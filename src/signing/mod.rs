@@ -18,6 +18,7 @@ mod key;
 mod signer;
 mod verify;
 
+pub(crate) use key::KEY_BASE64;
 pub use key::{
     Ed25519SigningKey, Ed25519VerifyingKey, KeyParseError, SigningKey, SigningSecret,
     VerificationKey,
