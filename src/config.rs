@@ -4,7 +4,9 @@
 //! A variable `HOOKLINE_<SECTION>__<KEY>` sets `<section>.<key>`: the name after `HOOKLINE_` is
 //! lower-cased and `__` separates levels, so `HOOKLINE_KAFKA__BOOTSTRAP_SERVERS` sets
 //! `kafka.bootstrap_servers` and `HOOKLINE_STORE__SCYLLA__KEYSPACE` sets `store.scylla.keyspace`.
-//! Variables without `__` (such as `HOOKLINE_LOG`) are not configuration and are ignored.
+//! Variables without `__` (such as `HOOKLINE_LOG`) are not configuration and are ignored, except
+//! one that starts with a section's name and one `_` (`HOOKLINE_KAFKA_BOOTSTRAP_SERVERS`): that
+//! is a mistyped setting, and an error says how to spell it.
 //! - Under `kafka.client`, the rest of the name is an rdkafka property with `_` for `.`:
 //!   `HOOKLINE_KAFKA__CLIENT__SECURITY_PROTOCOL=ssl` sets `security.protocol` (librdkafka property
 //!   names have no underscores). These values are always strings.
@@ -1152,6 +1154,38 @@ fn env_vars() -> Result<Vec<(String, String)>, ConfigError> {
     Ok(out)
 }
 
+/// The config file's top-level tables, which a variable names first.
+const SECTIONS: &[&str] = &[
+    "kafka", "retry", "delivery", "http", "admin", "metrics", "security", "store",
+];
+
+/// A variable without `__` is not configuration, but one that starts with a section's name and
+/// a single `_` (`HOOKLINE_KAFKA_BOOTSTRAP_SERVERS`) is a mistyped one: ignored, it would leave
+/// the default in place and the failure that follows would not point at it.
+fn section_with_one_underscore(var: &str, rest: &str) -> Result<Option<String>, ConfigError> {
+    let lower = rest.to_ascii_lowercase();
+    let Some(section) = SECTIONS
+        .iter()
+        .find(|s| lower.strip_prefix(**s).is_some_and(|r| r.starts_with('_')))
+    else {
+        return Ok(None);
+    };
+    let upper = section.to_ascii_uppercase();
+    // The rest of an admin variable's name could be a token: never repeat it.
+    let (shown, key) = if *section == "admin" {
+        (format!("{ENV_PREFIX}{upper}_..."), "KEY".to_owned())
+    } else {
+        (var.to_owned(), rest[section.len() + 1..].to_owned())
+    };
+    Err(ConfigError::Env {
+        var: shown,
+        reason: format!(
+            "is not read: configuration variables separate the section from the key with \
+             {ENV_SEPARATOR}, e.g. {ENV_PREFIX}{upper}{ENV_SEPARATOR}{key}"
+        ),
+    })
+}
+
 /// Puts one environment variable into the TOML tree. Returns the key it set, or `None` when
 /// the variable is not configuration.
 fn overlay_env(
@@ -1163,7 +1197,7 @@ fn overlay_env(
         return Ok(None);
     };
     if !rest.contains(ENV_SEPARATOR) {
-        return Ok(None);
+        return section_with_one_underscore(var, rest);
     }
     let env_err = |reason: String| ConfigError::Env {
         var: var.to_owned(),
@@ -1523,6 +1557,33 @@ mod tests {
         )
         .unwrap();
         assert_eq!(larger.http.max_payload_bytes, 1_400_000);
+    }
+
+    #[test]
+    fn a_section_variable_with_one_underscore_is_an_error_that_spells_it() {
+        assert_eq!(
+            err("", &[("HOOKLINE_KAFKA_BOOTSTRAP_SERVERS", "k:9092")]),
+            "environment variable HOOKLINE_KAFKA_BOOTSTRAP_SERVERS: is not read: configuration \
+             variables separate the section from the key with __, e.g. \
+             HOOKLINE_KAFKA__BOOTSTRAP_SERVERS"
+        );
+        // The rest of an admin variable's name may be a token, and is not repeated.
+        let admin = err("", &[("HOOKLINE_ADMIN_TENANT_TOKENS_s3cr3t-token", "acme")]);
+        assert!(!admin.contains("s3cr3t"), "{admin}");
+        assert!(admin.starts_with("environment variable HOOKLINE_ADMIN_...: is not read"));
+        // Others without __ are none of the config's business.
+        for var in [
+            "HOOKLINE_LOG",
+            "HOOKLINE_HELM",
+            "HOOKLINE_KAFKAESQUE",
+            "HOOKLINE_BENCH_EVENTS",
+        ] {
+            assert!(load("", &[(var, "x")]).is_ok(), "{var}");
+        }
+        // Every section named is one the file has.
+        for section in SECTIONS {
+            assert!(load(&format!("[{section}]"), &[]).is_ok(), "{section}");
+        }
     }
 
     #[test]
