@@ -20,11 +20,12 @@
 //!    endpoint answers and has received every record it missed (its breaker closed, its parked
 //!    records back); the healthy endpoints' rate in the hanging run is compared with the mean
 //!    of their rates in the two healthy ones, which cancels a host whose speed drifts across
-//!    the three (and, for reference, with their share of the throughput run). The hanging endpoint is one that shares its deliveries
-//!    partition with healthy endpoints (read back from the warm-up's delivery records), and
-//!    those partition mates' rate is reported on its own: the worst case. Both runs report CPU
-//!    per record (event and endpoint, delivered or parked), which tells whether the hanging
-//!    endpoint's records cost more than deliveries or the host changed speed between the runs.
+//!    the three (and, for reference, with their share of the throughput run). The hanging
+//!    endpoint is one that shares its deliveries partition with healthy endpoints (read back
+//!    from the warm-up's delivery records), and those partition mates' rate is reported on its
+//!    own: the worst case. Every run reports CPU per record (event and endpoint, delivered or
+//!    parked), which tells whether the hanging endpoint's records cost more than deliveries or
+//!    the host changed speed between the runs.
 //! 6. raw ceiling again, with hookline stopped: the host's speed moves over minutes, and a
 //!    ceiling far from the first (more than [`HOST_DRIFT`] either way) gets a note, since the
 //!    phases between then ran on a host of unknown speed.
@@ -1656,21 +1657,15 @@ async fn run(s: Settings) -> Report {
         rx.state.track.store(hanging, Ordering::Relaxed);
         rx.state.hang[hanging].store(false, Ordering::Relaxed);
         let started = Instant::now();
-        let recovered = loop {
-            let n = rx
-                .state
+        let missed = watch_rate(s.isolation_events, s.recovery_deadline, || {
+            rx.state
                 .tracked
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .len() as u64;
-            if n >= s.isolation_events {
-                break true;
-            }
-            if started.elapsed() >= s.recovery_deadline {
-                break false;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+                .len() as u64
+        })
+        .await;
+        let recovered = missed.delivered >= s.isolation_events;
         rx.state.track.store(usize::MAX, Ordering::Relaxed);
         let recovery = started.elapsed();
         if recovered {
