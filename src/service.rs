@@ -146,11 +146,7 @@ pub fn spawn_stage(
         match ended {
             Ok(()) => tracing::error!(stage, "stage stopped on its own; hookline stops"),
             Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic without a message".to_owned());
+                let message = crate::telemetry::panic_message(&*panic);
                 tracing::error!(stage, panic = %message, "stage panicked; hookline stops");
             }
         }

@@ -173,6 +173,16 @@ pub fn register_series<'a>(tiers: impl IntoIterator<Item = &'a str>) {
     gauge!(IN_FLIGHT).increment(0.0);
 }
 
+/// The message a panic carried (`panic!` with a literal or a formatted one), for logs and
+/// answers.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
 /// The stages whose consumers report through [`consumer_error`]: the label values of
 /// `hookline_consumer_errors_total`.
 pub const CONSUMER_STAGES: [&str; 4] = ["fanout", "deliver", "delay", "endpoints"];

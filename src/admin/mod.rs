@@ -225,11 +225,7 @@ pub fn router(state: AdminState) -> Router {
 /// A handler that panicked still answers: 500 `internal`, with the panic in the log (and the
 /// process, the stages in it included, goes on).
 fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    let what = panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned());
+    let what = crate::telemetry::panic_message(&*panic);
     ApiError::Internal(format!("request handler panicked: {what}")).into_response()
 }
 
