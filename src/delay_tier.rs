@@ -90,7 +90,7 @@ impl Tiers {
         self.tiers
             .iter()
             .find(|t| t.delay >= delay)
-            .unwrap_or(&self.tiers[self.tiers.len() - 1])
+            .unwrap_or(self.longest())
     }
 
     /// Every tier, shortest first.
@@ -101,6 +101,11 @@ impl Tiers {
     /// The shortest tier.
     pub fn shortest(&self) -> &Tier {
         &self.tiers[0]
+    }
+
+    /// The longest tier.
+    pub fn longest(&self) -> &Tier {
+        &self.tiers[self.tiers.len() - 1]
     }
 }
 

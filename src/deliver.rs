@@ -221,7 +221,6 @@ impl SendPlan {
     }
 }
 
-/// An attempt that never left: nothing was sent.
 /// An attempt that sent nothing, for `class` (`invalid_url`, or `not_sent` with `detail` saying
 /// why).
 fn refused(class: ErrorClass, detail: &str) -> Attempt {
@@ -705,25 +704,26 @@ impl Stage {
             self.park(tp, offset, record, due, ParkReason::Stalled);
             return;
         }
-        let queue = self.queues.entry(endpoint.id.clone()).or_default();
-        if queue.len() >= self.deps.lane_queue {
+        let queued = self.queues.get(&endpoint.id).map_or(0, VecDeque::len);
+        if queued >= self.deps.lane_queue {
             let due = SystemTime::now() + self.deps.tiers.shortest().delay;
             self.park(tp, offset, record, due, ParkReason::LaneFull);
             return;
         }
-        let queued = queue.len();
         if let Some(due) = self.rate_limited_turn(&endpoint, queued) {
             self.park(tp, offset, record, due, ParkReason::LaneFull);
             return;
         }
-        let queue = self.queues.entry(endpoint.id.clone()).or_default();
         let id = endpoint.id.clone();
-        queue.push_back(Queued {
-            tp,
-            offset,
-            record,
-            endpoint,
-        });
+        self.queues
+            .entry(id.clone())
+            .or_default()
+            .push_back(Queued {
+                tp,
+                offset,
+                record,
+                endpoint,
+            });
         self.dispatch(&id);
     }
 
@@ -750,13 +750,7 @@ impl Stage {
         *turn = (*turn).max(after_queue);
         let due = *turn;
         *turn += step;
-        let longest = self
-            .deps
-            .tiers
-            .all()
-            .last()
-            .map_or(Duration::ZERO, |t| t.delay);
-        Some(due.min(now + longest))
+        Some(due.min(now + self.deps.tiers.longest().delay))
     }
 
     fn lane_config(&self, endpoint: &Endpoint) -> LaneConfig {
