@@ -137,10 +137,6 @@ pub fn fan_out(
         .collect()
 }
 
-/// Room left in a forwarded invalid record for its headers: the original's and the two the
-/// fan-out adds.
-const INVALID_HEADROOM: usize = 64 * 1024;
-
 /// The original record, key, value and headers, with the reason added, for the invalid topic.
 /// A value that would make the record larger than the producer writes (`max_record`; an input
 /// topic may hold larger records than that) is left out, and the detail says so and where the
@@ -153,7 +149,9 @@ fn invalid_record(
 ) -> Outgoing {
     let key = msg.key().unwrap_or_default();
     let mut value = msg.payload().unwrap_or_default();
-    if key.len() + value.len() > max_record.saturating_sub(INVALID_HEADROOM) {
+    // The same room a payload leaves for headers, here the original's and the two added.
+    let headroom = crate::config::RECORD_HEADROOM as usize;
+    if key.len() + value.len() > max_record.saturating_sub(headroom) {
         invalid = invalid.and(&format!(
             "the value ({} bytes) is left out, too large to forward within {max_record} bytes \
              (kafka.client message.max.bytes); the original is at {} partition {} offset {}",

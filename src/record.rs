@@ -505,9 +505,10 @@ pub struct BadHeaderName {
     pub index: usize,
 }
 
-/// A header list that can be read as `(name, value)` pairs (see [`collect_headers`]).
+/// A header list that can be read as `(name, value)` pairs.
 pub trait HeaderPairs {
-    /// The pairs in order; a null value reads as empty.
+    /// The pairs in order; a null value reads as empty, and a name that is not UTF-8 is an error
+    /// rather than a panic.
     fn pairs(&self) -> Result<Vec<(&str, &[u8])>, BadHeaderName>;
 }
 
@@ -555,13 +556,7 @@ impl HeaderPairs for OwnedHeaders {
     }
 }
 
-/// Borrows a record's headers as `(name, value)` pairs; a null value reads as empty, and a name
-/// that is not UTF-8 is an error rather than a panic.
-pub fn collect_headers<H: HeaderPairs>(headers: &H) -> Result<Vec<(&str, &[u8])>, BadHeaderName> {
-    headers.pairs()
-}
-
-/// A message's headers as [`collect_headers`] reads them; none when it has none.
+/// A message's headers as [`HeaderPairs::pairs`] reads them; none when it has none.
 pub fn message_headers<M>(msg: &M) -> Result<Vec<(&str, &[u8])>, BadHeaderName>
 where
     M: Message,
@@ -569,7 +564,7 @@ where
 {
     Ok(msg
         .headers()
-        .map(collect_headers)
+        .map(HeaderPairs::pairs)
         .transpose()?
         .unwrap_or_default())
 }
@@ -786,14 +781,14 @@ mod tests {
             signing_key_ids: vec![],
         });
         let owned = r.to_owned_headers();
-        let headers = collect_headers(&owned).unwrap();
+        let headers = owned.pairs().unwrap();
         assert_eq!(headers.len(), r.encode_headers().len());
         let back = DeliveryRecord::decode(Some(r.key()), &headers, r.body.clone()).unwrap();
         assert_eq!(back, r);
     }
 
     /// A header list as librdkafka holds one, with names of any bytes (rdkafka's own API only
-    /// writes UTF-8 names), read through [`collect_headers`].
+    /// writes UTF-8 names), read through [`HeaderPairs::pairs`].
     fn with_native_headers<T>(
         headers: &[(&[u8], Option<&[u8]>)],
         read: impl FnOnce(&BorrowedHeaders) -> T,
@@ -827,7 +822,7 @@ mod tests {
         let pairs = with_native_headers(
             &[(b"eventType", Some(b"order.created")), (b"empty", None)],
             |h| {
-                collect_headers(h).map(|v| {
+                h.pairs().map(|v| {
                     v.into_iter()
                         .map(|(k, v)| (k.to_owned(), v.to_vec()))
                         .collect::<Vec<_>>()
@@ -846,7 +841,7 @@ mod tests {
                 (b"eventType", Some(b"order.created")),
                 (b"\xff\xfe", Some(b"x")),
             ],
-            |h| collect_headers(h).map(|v| v.len()),
+            |h| h.pairs().map(|v| v.len()),
         );
         assert_eq!(bad, Err(BadHeaderName { index: 1 }));
         assert_eq!(
