@@ -508,6 +508,9 @@ struct Stage {
     /// The next free turn of each rate-limited endpoint whose records are parked for their
     /// turn (see [`Stage::rate_limited_turn`]).
     turns: HashMap<EndpointId, SystemTime>,
+    /// When this stage first met a delivery for each endpoint its view lacks or has disabled
+    /// (see [`Stage::view_may_be_behind`]).
+    unusable_since: HashMap<EndpointId, SystemTime>,
     done_tx: mpsc::UnboundedSender<Done>,
     parks: mpsc::UnboundedSender<(Tp, i64, bool)>,
     tasks: TaskTracker,
@@ -531,6 +534,7 @@ pub async fn run(
         queues: HashMap::new(),
         plans: HashMap::new(),
         turns: HashMap::new(),
+        unusable_since: HashMap::new(),
         deps,
         producer,
         done_tx,
@@ -681,8 +685,18 @@ impl Stage {
             }
         };
         let endpoint = match self.deps.endpoints.get(&record.endpoint_id) {
-            Some(e) if e.enabled => e,
+            Some(e) if e.enabled => {
+                if !self.unusable_since.is_empty() {
+                    self.unusable_since.remove(&e.id);
+                }
+                e
+            }
             found => {
+                if self.view_may_be_behind(&record.endpoint_id) {
+                    let due = SystemTime::now() + self.deps.tiers.shortest().delay;
+                    self.park(tp, offset, record, due, ParkReason::ViewBehind);
+                    return;
+                }
                 let reason = if found.is_some() {
                     DeadReason::EndpointDisabled
                 } else {
@@ -725,6 +739,29 @@ impl Stage {
                 endpoint,
             });
         self.dispatch(&id);
+    }
+
+    /// Whether this instance's endpoint view may lack a write that the instance which made a
+    /// delivery for `id` had seen, so that `id` looks deleted or disabled here only because the
+    /// view is behind (an endpoint created or re-enabled a moment ago, on another instance).
+    ///
+    /// That instance found the endpoint usable before this stage first met a delivery for it
+    /// that it could not use. Once the view is confirmed to hold every write made before that
+    /// moment, what it says stands. Until then the delivery waits in the shortest tier, and a
+    /// confirmation is requested. A delivery for an endpoint deleted for good so waits one round.
+    fn view_may_be_behind(&mut self, id: &EndpointId) -> bool {
+        if self.unusable_since.len() >= MAX_PLANS && !self.unusable_since.contains_key(id) {
+            self.unusable_since.clear();
+        }
+        let since = *self
+            .unusable_since
+            .entry(id.clone())
+            .or_insert_with(SystemTime::now);
+        if self.deps.endpoints.holds_writes_before(since) {
+            return false;
+        }
+        self.deps.endpoints.request_confirmation();
+        true
     }
 
     /// When `endpoint` has a rate limit and its queue (`queued` records) already holds what that
@@ -895,10 +932,11 @@ impl Stage {
     /// Parks `record` in the tier matching `due`; settles it once the broker has it.
     ///
     /// A record never attempted and held back because its endpoint is failing (breaker open, or
-    /// stalled) starts its window then, as a first attempt would, and is dead-lettered
-    /// (`window_exhausted`) rather than parked once the window is spent. Otherwise a dead
-    /// endpoint's backlog would cycle through the tiers for ever, one probe per cool-down, and
-    /// never reach the DLQ. A record attempted before waits for the breaker's probe as it did:
+    /// stalled), or because the endpoint view is not confirmed current, starts its window then,
+    /// as a first attempt would, and is dead-lettered (`window_exhausted`) rather than parked
+    /// once the window is spent. Otherwise a dead endpoint's backlog (or every delivery behind a
+    /// view that cannot be confirmed) would cycle through the tiers for ever and never reach the
+    /// DLQ. A record attempted before waits for the breaker's probe as it did:
     /// its last attempt's answer belongs in its DLQ record, and there are few of them (what was
     /// in flight when the breaker opened).
     fn park(
@@ -910,7 +948,9 @@ impl Stage {
         reason: ParkReason,
     ) {
         let record = match reason {
-            ParkReason::BreakerOpen | ParkReason::Stalled if record.attempts == 0 => {
+            ParkReason::BreakerOpen | ParkReason::Stalled | ParkReason::ViewBehind
+                if record.attempts == 0 =>
+            {
                 let now = SystemTime::now();
                 let record = record.with_first_attempt_at(now);
                 let first = record

@@ -34,7 +34,8 @@ pub mod name {
     pub const BREAKER_OPENS: &str = "hookline_breaker_opens_total";
     /// Breakers open right now.
     pub const BREAKERS_OPEN: &str = "hookline_breakers_open";
-    /// Records parked in a delay tier, by `reason` (`lane_full`, `breaker_open`, `stalled`).
+    /// Records parked in a delay tier, by `reason` (`lane_full`, `breaker_open`, `stalled`,
+    /// `view_behind`).
     pub const PARKED: &str = "hookline_parked_total";
     /// HTTP attempts in flight.
     pub const IN_FLIGHT: &str = "hookline_in_flight_requests";
@@ -257,6 +258,9 @@ pub enum ParkReason {
     BreakerOpen,
     /// The endpoint stopped answering (see [`crate::lane::Lanes::stalled`]).
     Stalled,
+    /// This instance's endpoint view lacks the endpoint or has it disabled, and is not yet
+    /// confirmed current: it may be behind the instance that made the delivery.
+    ViewBehind,
 }
 
 impl ParkReason {
@@ -496,7 +500,7 @@ mod tests {
     #[test]
     fn park_reason_strings_are_stable() {
         let all: Vec<&str> = ParkReason::all().map(ParkReason::as_str).collect();
-        assert_eq!(all, ["lane_full", "breaker_open", "stalled"]);
+        assert_eq!(all, ["lane_full", "breaker_open", "stalled", "view_behind"]);
     }
 
     #[test]

@@ -70,14 +70,14 @@ pub async fn spawn_materializer(
     // electing leaders or still propagating a new topic answers with transient errors: retry
     // for a while before giving up.
     let mut tries = 0;
-    let (targets, consumer) = loop {
+    let (assigned, consumer) = loop {
         let topic = topic.clone();
         let attempt = consumer.clone();
         let result = tokio::task::spawn_blocking(move || assign_from_start(&attempt, &topic))
             .await
             .map_err(|e| RegistryError::Kafka(format!("metadata task failed: {e}")))?;
         match result {
-            Ok(targets) => break (targets, consumer),
+            Ok(assigned) => break (assigned, consumer),
             Err(e) if tries < 20 => {
                 tries += 1;
                 tracing::debug!(error = %e, "endpoints topic not ready; retrying");
@@ -86,9 +86,80 @@ pub async fn spawn_materializer(
             Err(e) => return Err(e),
         }
     };
+    let Assigned {
+        partitions,
+        targets,
+    } = assigned;
     tracing::info!(topic = %topic, partitions_with_data = targets.len(), "materialising endpoints");
 
-    Ok(tokio::spawn(materialise(consumer, view, targets, shutdown)))
+    Ok(tokio::spawn(async move {
+        tokio::join!(
+            materialise(consumer.clone(), view.clone(), targets, shutdown.clone()),
+            confirm(consumer, view, topic, partitions, shutdown),
+        );
+    }))
+}
+
+/// How long one confirmation may wait for the view to apply what the topic held when it was
+/// asked; a view that falls further behind is confirmed by a later request.
+const CONFIRM_WAIT: Duration = Duration::from_secs(10);
+
+/// Answers [confirmation requests](EndpointView::request_confirmation): reads the topic's high
+/// watermarks, waits until the view has applied that far, and then confirms the view as of the
+/// moment the watermarks were asked for. A failure is logged and left for the next request.
+async fn confirm(
+    consumer: Arc<ViewConsumer>,
+    view: Arc<EndpointView>,
+    topic: String,
+    partitions: Vec<i32>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = view.confirmation_requested() => {}
+        }
+        let asked_at = std::time::SystemTime::now();
+        let (c, t, ps) = (consumer.clone(), topic.clone(), partitions.clone());
+        let highs = tokio::task::spawn_blocking(move || high_watermarks(&c, &t, &ps)).await;
+        let waited = match highs {
+            Ok(Ok(highs)) => tokio::select! {
+                () = shutdown.cancelled() => break,
+                r = view.wait_for_offsets(&highs, CONFIRM_WAIT) => r,
+            },
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(RegistryError::Kafka(format!("watermark task failed: {e}"))),
+        };
+        match waited {
+            Ok(()) => view.confirm_as_of(asked_at),
+            Err(error) => {
+                tracing::warn!(%error, "could not confirm the endpoint view is current; deliveries for endpoints it lacks wait");
+                // Not at once again: a broker that cannot answer now is asked on a later request.
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+    }
+}
+
+/// The high watermark of each non-empty partition of `topic` among `partitions`.
+fn high_watermarks(
+    consumer: &ViewConsumer,
+    topic: &str,
+    partitions: &[i32],
+) -> Result<HashMap<i32, i64>, RegistryError> {
+    let mut highs = HashMap::new();
+    for &p in partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, METADATA_TIMEOUT)
+            .map_err(kafka)?;
+        if high > low {
+            highs.insert(p, high);
+        }
+    }
+    Ok(highs)
 }
 
 async fn materialise(
@@ -159,12 +230,17 @@ impl ConsumerContext for ViewContext {}
 
 type ViewConsumer = StreamConsumer<ViewContext>;
 
-/// Assigns every partition of `topic` from the beginning; returns each non-empty partition's
-/// high watermark at this moment (the view is caught up once it has read that far).
-fn assign_from_start(
-    consumer: &ViewConsumer,
-    topic: &str,
-) -> Result<HashMap<i32, i64>, RegistryError> {
+/// What [`assign_from_start`] assigned.
+struct Assigned {
+    /// Every partition of the topic.
+    partitions: Vec<i32>,
+    /// Each non-empty partition's high watermark at the time (the view is caught up once it has
+    /// read that far).
+    targets: HashMap<i32, i64>,
+}
+
+/// Assigns every partition of `topic` from the beginning.
+fn assign_from_start(consumer: &ViewConsumer, topic: &str) -> Result<Assigned, RegistryError> {
     let md = consumer
         .fetch_metadata(Some(topic), METADATA_TIMEOUT)
         .map_err(kafka)?;
@@ -179,20 +255,18 @@ fn assign_from_start(
             rdkafka::error::RDKafkaErrorCode::from(e)
         )));
     }
-    let mut targets = HashMap::new();
+    let partitions: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
+    let targets = high_watermarks(consumer, topic, &partitions)?;
     let mut tpl = TopicPartitionList::new();
-    for p in t.partitions() {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p.id(), METADATA_TIMEOUT)
-            .map_err(kafka)?;
-        if high > low {
-            targets.insert(p.id(), high);
-        }
-        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
+    for &p in &partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
             .map_err(kafka)?;
     }
     consumer.assign(&tpl).map_err(kafka)?;
-    Ok(targets)
+    Ok(Assigned {
+        partitions,
+        targets,
+    })
 }
 
 /// Writes endpoints to the topic (key = id, `acks=all`, idempotent producer) and returns once
@@ -390,6 +464,45 @@ mod tests {
         shutdown.cancel();
         task.await.unwrap();
         late_task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_confirmation_covers_every_write_made_before_it_was_asked() {
+        let mock = MockCluster::new(1).unwrap();
+        let topic = "hookline.endpoints";
+        mock.create_topic(topic, 3, 1).unwrap();
+        let bootstrap = mock.bootstrap_servers();
+        let key = MasterKey::generate();
+        let shutdown = CancellationToken::new();
+        let view = Arc::new(EndpointView::new(key.clone()));
+        let task = spawn_materializer(&config(&bootstrap), Arc::clone(&view), shutdown.clone())
+            .await
+            .unwrap();
+        view.wait_caught_up(WAIT).await.unwrap();
+
+        let written: Vec<Endpoint> = (0..20).map(|_| endpoint("acme")).collect();
+        for e in &written {
+            let value = encode(e, &key);
+            raw_produce(&bootstrap, topic, e.id.as_str().as_bytes(), Some(&value)).await;
+        }
+        let after = std::time::SystemTime::now();
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(!view.holds_writes_before(after));
+        view.request_confirmation();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !view.holds_writes_before(after) {
+            assert!(tokio::time::Instant::now() < deadline, "not confirmed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for e in &written {
+            assert!(
+                view.get(&e.id).is_some(),
+                "confirmed before {} applied",
+                e.id
+            );
+        }
+        shutdown.cancel();
+        task.await.unwrap();
     }
 
     #[tokio::test]

@@ -15,8 +15,9 @@
 pub mod kafka;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::future::BoxFuture;
 use tokio::sync::watch;
@@ -113,6 +114,12 @@ pub struct EndpointView {
     key: MasterKey,
     state: RwLock<State>,
     status: watch::Sender<ViewStatus>,
+    /// Unix milliseconds before which every write to the endpoints topic is known to be
+    /// applied here (see [`EndpointView::holds_writes_before`]); `i64::MAX` for a view that
+    /// is written directly and so is always current.
+    confirmed_ms: AtomicI64,
+    /// Wakes the task that confirms the view (see [`EndpointView::request_confirmation`]).
+    confirm_wanted: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for EndpointView {
@@ -131,7 +138,42 @@ impl EndpointView {
             key,
             state: RwLock::new(State::default()),
             status: watch::Sender::new(ViewStatus::default()),
+            confirmed_ms: AtomicI64::new(i64::MIN),
+            confirm_wanted: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Whether every record written to the endpoints topic before `t` is known to be applied
+    /// here. A reader that does not find an endpoint it was sent work for asks this of the time
+    /// the work reached it: the work was made by an instance that found the endpoint, so before
+    /// then. If the view holds every write before that time, the endpoint is gone (deleted, or
+    /// disabled since); if not, this instance's view may just be behind the other's, and the
+    /// reader should [request a confirmation](EndpointView::request_confirmation) and look again.
+    pub fn holds_writes_before(&self, t: SystemTime) -> bool {
+        self.confirmed_ms.load(Ordering::Acquire) > unix_millis(t)
+    }
+
+    /// Asks the view's feeder to confirm that the view holds every write made so far (it reads
+    /// the topic's high watermarks and waits until the view has applied that far). Calls while
+    /// a confirmation runs add one more round at most.
+    pub fn request_confirmation(&self) {
+        self.confirm_wanted.notify_one();
+    }
+
+    /// Waits for a [confirmation request](EndpointView::request_confirmation).
+    pub async fn confirmation_requested(&self) {
+        self.confirm_wanted.notified().await;
+    }
+
+    /// Records that every write to the topic made before `asked_at` is applied.
+    pub fn confirm_as_of(&self, asked_at: SystemTime) {
+        self.confirmed_ms
+            .fetch_max(unix_millis(asked_at), Ordering::AcqRel);
+    }
+
+    /// Declares the view always current: it is written directly, not fed from a topic.
+    pub fn mark_always_current(&self) {
+        self.confirmed_ms.store(i64::MAX, Ordering::Release);
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -286,6 +328,26 @@ impl EndpointView {
         self.len() == 0
     }
 
+    /// Waits until the view has applied every record below `highs` (partition → offset),
+    /// or fails after `timeout`.
+    pub async fn wait_for_offsets(
+        &self,
+        highs: &HashMap<i32, i64>,
+        timeout: Duration,
+    ) -> Result<(), RegistryError> {
+        self.wait_until(
+            "the endpoint view to reach the topic's end",
+            timeout,
+            |_, view| {
+                let state = view.read();
+                highs
+                    .iter()
+                    .all(|(p, high)| state.next_offsets.get(p).is_some_and(|n| n >= high))
+            },
+        )
+        .await
+    }
+
     /// The offset after the last record applied from `partition`.
     pub fn next_offset(&self, partition: i32) -> Option<i64> {
         self.read().next_offsets.get(&partition).copied()
@@ -373,6 +435,11 @@ enum Decoded {
     Skip,
 }
 
+fn unix_millis(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// Serialises an endpoint's stored form: secrets sealed under `key`.
 pub fn encode(endpoint: &Endpoint, key: &MasterKey) -> Vec<u8> {
     serde_json::to_vec(&endpoint.seal(key)).expect("an endpoint record always serialises")
@@ -408,6 +475,7 @@ impl MemoryEndpointStore {
     pub fn new(key: MasterKey) -> MemoryEndpointStore {
         let view = Arc::new(EndpointView::new(key.clone()));
         view.mark_caught_up();
+        view.mark_always_current();
         MemoryEndpointStore { view, key }
     }
 }
@@ -564,6 +632,49 @@ mod tests {
         view.apply(b.id.as_str().as_bytes(), None);
         assert!(view.check_opened().is_ok());
         assert_eq!(view.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_view_is_confirmed_only_as_of_a_time_and_only_once_it_reached_the_end() {
+        let key = MasterKey::generate();
+        let view = Arc::new(EndpointView::new(key.clone()));
+        let before = SystemTime::now();
+        assert!(!view.holds_writes_before(before), "never confirmed");
+
+        // Waiting for the topic's end: partition 0 up to 2, partition 1 up to 1.
+        let e = endpoint("acme");
+        let bytes = encode(&e, &key);
+        let highs = HashMap::from([(0, 2), (1, 1)]);
+        let waiter = {
+            let (view, highs) = (Arc::clone(&view), highs.clone());
+            tokio::spawn(async move { view.wait_for_offsets(&highs, Duration::from_secs(5)).await })
+        };
+        view.apply_at(0, 1, e.id.as_str().as_bytes(), Some(&bytes));
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "partition 1 not read yet");
+        view.apply_at(1, 0, e.id.as_str().as_bytes(), None);
+        waiter.await.unwrap().unwrap();
+        let err = view
+            .wait_for_offsets(&HashMap::from([(0, 3)]), Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RegistryError::Timeout { .. }), "{err}");
+
+        let asked_at = SystemTime::now();
+        view.confirm_as_of(asked_at);
+        assert!(view.holds_writes_before(asked_at - Duration::from_millis(1)));
+        assert!(!view.holds_writes_before(asked_at), "only what came before");
+        // An older confirmation finishing late does not move it back.
+        view.confirm_as_of(before);
+        assert!(view.holds_writes_before(asked_at - Duration::from_millis(1)));
+
+        let memory = MemoryEndpointStore::new(key);
+        assert!(
+            memory
+                .view()
+                .holds_writes_before(SystemTime::now() + Duration::from_secs(3600)),
+            "a view written directly is always current"
+        );
     }
 
     #[tokio::test(start_paused = true)]

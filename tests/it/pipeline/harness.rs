@@ -36,6 +36,68 @@ pub struct Pipeline {
     tasks: TaskTracker,
     _kafka: Option<Arc<EmbeddedKafka>>,
     kafka: Option<Arc<EmbeddedKafka>>,
+    split: Option<Arc<SplitMock>>,
+}
+
+/// A two-broker mock cluster on its own thread (the mock is not `Send`): broker 2 leads the
+/// endpoints topic, broker 1 every other topic and every consumer group, and broker 2 can be
+/// slowed so that the endpoint view falls behind the rest of the pipeline.
+pub struct SplitMock {
+    bootstrap: String,
+    rtt: std::sync::Mutex<std::sync::mpsc::Sender<Duration>>,
+}
+
+impl SplitMock {
+    fn start(config: &Config) -> SplitMock {
+        use rdkafka::mocking::{MockCluster, MockCoordinator};
+        let specs = service::topic_specs(config);
+        let endpoints = config.kafka.topics.endpoints.clone();
+        let groups: Vec<String> = ["fanout", "deliver", "delay"]
+            .iter()
+            .map(|s| config.kafka.group(s))
+            .collect();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (rtt_tx, rtt_rx) = std::sync::mpsc::channel::<Duration>();
+        std::thread::spawn(move || {
+            let cluster = MockCluster::new(2).expect("two-broker mock cluster");
+            for t in &specs {
+                cluster
+                    .create_topic(&t.name, t.partitions, 1)
+                    .expect("mock topic");
+                let leader = if t.name == endpoints { 2 } else { 1 };
+                for p in 0..t.partitions {
+                    cluster
+                        .partition_leader(&t.name, p, Some(leader))
+                        .expect("partition leader");
+                }
+            }
+            for g in groups {
+                cluster
+                    .coordinator(MockCoordinator::Group(g), 1)
+                    .expect("group coordinator");
+            }
+            ready_tx.send(cluster.bootstrap_servers()).unwrap();
+            // Until the handle is dropped (the channel closes).
+            while let Ok(rtt) = rtt_rx.recv() {
+                cluster
+                    .broker_round_trip_time(2, rtt)
+                    .expect("broker round trip");
+            }
+        });
+        SplitMock {
+            bootstrap: ready_rx.recv().expect("mock cluster started"),
+            rtt: std::sync::Mutex::new(rtt_tx),
+        }
+    }
+
+    /// Delays every answer of the broker that leads the endpoints topic by `rtt`.
+    pub fn slow_endpoints_broker(&self, rtt: Duration) {
+        self.rtt
+            .lock()
+            .unwrap()
+            .send(rtt)
+            .expect("mock cluster thread");
+    }
 }
 
 /// A test config: short retries, small partitions, loopback receivers allowed; on real Kafka,
@@ -83,6 +145,16 @@ impl Pipeline {
         Self::start_on(config, kafka).await
     }
 
+    /// Starts every stage of `config` on a [`SplitMock`]; returns the pipeline and the cluster.
+    pub async fn start_split(config: Config) -> (Pipeline, Arc<SplitMock>) {
+        let mut config = config;
+        let split = Arc::new(SplitMock::start(&config));
+        config.kafka.bootstrap_servers = split.bootstrap.clone();
+        let mut p = Self::start_on(config, None).await;
+        p.split = Some(split.clone());
+        (p, split)
+    }
+
     async fn start_on(config: Config, kafka: Option<Arc<EmbeddedKafka>>) -> Pipeline {
         if let Ok(filter) = std::env::var("HOOKLINE_TEST_LOG") {
             let _ = tracing_subscriber::fmt()
@@ -102,6 +174,7 @@ impl Pipeline {
             tasks,
             _kafka: kafka.clone(),
             kafka,
+            split: None,
         }
     }
 
@@ -109,8 +182,9 @@ impl Pipeline {
     /// deletes the test's topics: thousands of leftover partitions slow the shared broker down
     /// for every later run.
     pub async fn stop(self) {
+        let on_mock = self.split.is_some();
         let (config, kafka) = self.halt().await;
-        if kafka.is_none() {
+        if kafka.is_none() && !on_mock {
             let names: Vec<String> = service::topic_specs(&config)
                 .into_iter()
                 .map(|t| t.name)
@@ -177,7 +251,8 @@ impl Pipeline {
         (stored.id.clone(), whsec)
     }
 
-    fn producer(&self) -> FutureProducer {
+    /// A producer to this pipeline's Kafka.
+    pub fn producer(&self) -> FutureProducer {
         producer_config(
             &self.config.kafka.bootstrap_servers,
             &self.config.kafka.client,
@@ -339,6 +414,17 @@ impl Pipeline {
         producer
             .flush(Duration::from_secs(10))
             .expect("record with a raw header name produced");
+    }
+
+    /// `endpoint`'s record in the endpoints topic, as the registry writes it.
+    pub fn endpoint_value(&self, endpoint: &Endpoint) -> Vec<u8> {
+        let key = self
+            .config
+            .security
+            .master_key
+            .as_ref()
+            .expect("the test config has a master key");
+        hookline::registry::encode(endpoint, key)
     }
 
     /// Produces `record` to `topic` as hookline writes it (key, headers, body).

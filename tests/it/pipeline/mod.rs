@@ -249,6 +249,130 @@ async fn gone_disables_the_endpoint(on: On) {
     p.stop().await;
 }
 
+/// A delivery for an endpoint deleted since its event was fanned out is dead-lettered as
+/// `endpoint_deleted`, with its body, once the instance has confirmed its endpoint view is
+/// current: it is not parked for ever waiting for the endpoint to appear.
+async fn a_delivery_for_a_deleted_endpoint_is_dead_lettered(on: On) {
+    let mut config = test_config(on);
+    config.retry.window = Duration::from_secs(600);
+    let p = Pipeline::start(on, config).await;
+    let r = Receiver::fixed(Reply::status(200)).await;
+    let (endpoint, _) = p.endpoint("acme", &r.url("/"), &["*"]).await;
+    p.handles
+        .endpoints
+        .delete(&endpoint)
+        .await
+        .expect("endpoint deleted");
+    let record = DeliveryRecord::new(
+        EventId::parse("evt_gone").unwrap(),
+        endpoint.clone(),
+        Tenant::parse("acme").unwrap(),
+        EventType::parse("order.created").unwrap(),
+        UnixMillis::from(SystemTime::now()),
+        None,
+        Bytes::from_static(br#"{"gone":true}"#),
+    );
+    p.produce_delivery(&p.config.kafka.topics.deliveries, &record)
+        .await;
+    let dlq = p.read(&p.config.kafka.topics.dlq, 1, WAIT).await;
+    let dead = dead_record(&dlq[0]);
+    assert_eq!(dead.endpoint_id, endpoint);
+    assert_eq!(dead.dead.unwrap().reason, DeadReason::EndpointDeleted);
+    assert_eq!(&dead.body[..], br#"{"gone":true}"#);
+    assert!(
+        r.requests().is_empty(),
+        "nothing sent to a deleted endpoint"
+    );
+    p.stop().await;
+}
+
+/// An instance whose endpoint view is behind the one that fanned an event out (an endpoint
+/// created a moment ago elsewhere) delivers the event once its view has the endpoint; it does
+/// not dead-letter it as `endpoint_deleted`. The broker leading the endpoints topic answers
+/// seconds late, so this instance's view lags by that much while the delivery record arrives
+/// at once. Mock cluster only: a real broker cannot be slowed for one topic.
+async fn a_lagging_endpoint_view_delays_a_delivery_instead_of_dead_lettering_it() {
+    let mut config = test_config(On::Mock);
+    config.retry.window = Duration::from_secs(600);
+    let (p, split) = Pipeline::start_split(config).await;
+    let r = Receiver::fixed(Reply::status(200)).await;
+    // Connections and topic metadata are set up before the broker slows down.
+    let producer = p.producer();
+    let (warm, _) = p.endpoint("acme", &r.url("/warm"), &["*"]).await;
+    let send = |topic: &str, key: &str, value: Option<Vec<u8>>| {
+        let producer = producer.clone();
+        let (topic, key) = (topic.to_owned(), key.to_owned());
+        async move {
+            let mut rec = rdkafka::producer::FutureRecord::<str, [u8]>::to(&topic).key(&key);
+            if let Some(v) = &value {
+                rec = rec.payload(v);
+            }
+            producer
+                .send(rec, Duration::from_secs(30))
+                .await
+                .expect("produced");
+        }
+    };
+    send(&p.config.kafka.topics.endpoints, "ep_warmup", None).await;
+    let record = |id: &str, endpoint: &hookline::id::EndpointId| {
+        DeliveryRecord::new(
+            EventId::parse(id).unwrap(),
+            endpoint.clone(),
+            Tenant::parse("acme").unwrap(),
+            EventType::parse("order.created").unwrap(),
+            UnixMillis::from(SystemTime::now()),
+            None,
+            Bytes::from_static(b"{}"),
+        )
+    };
+    let deliveries = p.config.kafka.topics.deliveries.clone();
+    harness::produce_delivery(&producer, &deliveries, &record("evt_warm", &warm)).await;
+    r.wait_for(1, WAIT).await;
+
+    split.slow_endpoints_broker(Duration::from_secs(4));
+    let secret = hookline::signing::SigningSecret::generate();
+    let whsec = secret.expose_whsec().to_string();
+    let created = hookline::endpoint::Endpoint::create(
+        hookline::endpoint::CreateEndpoint {
+            tenant: Tenant::parse("acme").unwrap(),
+            url: r.url("/new"),
+            event_types: vec!["*".into()],
+            max_in_flight: None,
+            rate_limit_per_s: None,
+            secret: Some(whsec.clone()),
+        },
+        SystemTime::now(),
+    )
+    .unwrap();
+    // Written elsewhere: on the broker as soon as the request reaches it, acknowledged (and
+    // seen by this instance's view) only seconds later.
+    let written = tokio::spawn(send(
+        &p.config.kafka.topics.endpoints,
+        created.id.as_str(),
+        Some(p.endpoint_value(&created)),
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    harness::produce_delivery(&producer, &deliveries, &record("evt_new", &created.id)).await;
+    assert!(
+        p.handles.view.get(&created.id).is_none(),
+        "the view is behind when the delivery arrives"
+    );
+
+    let got = r.wait_for(2, WAIT).await;
+    assert_eq!(verify(&got[1], &whsec), "evt_new");
+    written.await.unwrap();
+    split.slow_endpoints_broker(Duration::ZERO);
+    // Give a wrongful dead letter time to show up before asserting there is none.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        p.records_in(&p.config.kafka.topics.dlq),
+        0,
+        "nothing dead-lettered"
+    );
+    assert_eq!(r.requests().len(), 2, "delivered once");
+    p.stop().await;
+}
+
 /// An endpoint that hangs does not hold up a healthy one: every healthy delivery completes
 /// while the hanging endpoint's first attempts are still waiting for their timeout.
 async fn a_hanging_endpoint_does_not_slow_the_others(on: On) {
@@ -1034,6 +1158,13 @@ async fn a_refused_park_holds_its_delivery() {
     p.stop().await;
 }
 
+mod mock_split {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lagging_endpoint_view_delays_a_delivery_instead_of_dead_lettering_it() {
+        super::a_lagging_endpoint_view_delays_a_delivery_instead_of_dead_lettering_it().await;
+    }
+}
+
 mod real_kafka_refusing {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn refused_delivery_records_hold_their_events() {
@@ -1078,6 +1209,7 @@ on_both!(
     transient_failures_are_retried_with_the_same_id,
     a_failing_endpoint_is_dead_lettered_completely,
     gone_disables_the_endpoint,
+    a_delivery_for_a_deleted_endpoint_is_dead_lettered,
     a_hanging_endpoint_does_not_slow_the_others,
     a_hanging_endpoint_does_not_hold_up_its_partition,
     a_backlog_waits_in_its_lane_and_nothing_parks,
