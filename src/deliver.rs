@@ -94,7 +94,8 @@ struct Queued {
 const MAX_PLANS: usize = 10_000;
 
 /// What an attempt task reports back to the stage loop: first that the endpoint answered (its
-/// lane slot is free), then that the attempt is logged and its follow-up produced.
+/// lane slot is free), then that the attempt is logged and its follow-up produced, or that it
+/// panicked.
 enum Done {
     Answered {
         permit: Permit,
@@ -106,6 +107,46 @@ enum Done {
         disable: Option<EndpointId>,
         settled: bool,
     },
+    /// The attempt panicked (a bug in hookline); `record` is the record as it was read, to be
+    /// parked for a later attempt.
+    Panicked {
+        tp: Tp,
+        offset: i64,
+        record: Box<DeliveryRecord>,
+    },
+}
+
+/// An attempt's lane slot, given back to the stage loop exactly once: with the endpoint's
+/// answer, or, when the attempt ends without one (it panicked), when it is dropped. A slot
+/// that was never given back would be lost to its endpoint for good, and an endpoint with
+/// `max_in_flight` 1 would never be sent anything again.
+///
+/// A slot dropped unanswered carries no health signal: the panic is hookline's bug and says
+/// nothing about the endpoint. Counted as a failure it could open the breaker of a healthy
+/// endpoint and park its records; counted as a success it could close a half-open breaker on no
+/// evidence. A breaker probe is handed back, so the next record probes at once.
+struct Slot {
+    permit: Option<Permit>,
+    done: mpsc::UnboundedSender<Done>,
+}
+
+impl Slot {
+    /// Gives the slot back with what the endpoint's answer said about it.
+    fn answer(mut self, health: Option<breaker::Outcome>) {
+        self.give_back(health);
+    }
+
+    fn give_back(&mut self, health: Option<breaker::Outcome>) {
+        if let Some(permit) = self.permit.take() {
+            let _ = self.done.send(Done::Answered { permit, health });
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.give_back(None);
+    }
 }
 
 /// What follows one attempt.
@@ -293,18 +334,21 @@ impl DeliverDeps {
     /// `answered` is called with the attempt's health signal as soon as the HTTP exchange is
     /// over, before the attempt is logged: the endpoint's lane slot is free from then on, so a
     /// slow store write never counts against the endpoint's concurrency.
+    ///
+    /// `record` is borrowed so that the caller still has it, as it was read, should the attempt
+    /// panic (see [`Stage::spawn_attempt`]); it is copied only for a follow-up record, as it
+    /// would be anyway.
     pub async fn attempt(
         &self,
-        record: DeliveryRecord,
+        record: &DeliveryRecord,
         endpoint: &Endpoint,
         plan: &SendPlan,
         stop: &CancellationToken,
         answered: impl FnOnce(Option<breaker::Outcome>),
     ) -> Option<AttemptReport> {
         let started = SystemTime::now();
-        let record = record.with_first_attempt_at(started);
         let attempt_no = record.attempts.saturating_add(1);
-        let (attempt, key_ids, no_key) = match prepare(&record, plan, attempt_no, started) {
+        let (attempt, key_ids, no_key) = match prepare(record, plan, attempt_no, started) {
             Ok((request, key_ids)) => {
                 telemetry::in_flight(1);
                 let a = self.sender.send(request).await;
@@ -331,6 +375,7 @@ impl DeliverDeps {
             latency: attempt.latency,
         }
         .emit();
+        // The window runs from the first attempt: this one, unless one was made before.
         let first = record
             .first_attempt_at
             .map_or(started, UnixMillis::to_system_time);
@@ -360,14 +405,13 @@ impl DeliverDeps {
         stop: &CancellationToken,
     ) -> Option<AttemptReport> {
         let now = SystemTime::now();
-        let record = record.with_first_attempt_at(now);
         let attempt_no = record.attempts.saturating_add(1);
         let decision = Decision::DeadLetter {
             reason,
             disable_endpoint: false,
         };
         self.settle_decision(
-            record,
+            &record,
             refused(ErrorClass::NotSent, reason.as_str()),
             attempt_no,
             now,
@@ -378,10 +422,12 @@ impl DeliverDeps {
         .await
     }
 
+    /// Logs attempt `attempt_no` of `record`, started at `started` (the window's start unless
+    /// `record` has one), and builds the follow-up `decision` asks for.
     #[allow(clippy::too_many_arguments)]
     async fn settle_decision(
         &self,
-        mut record: DeliveryRecord,
+        record: &DeliveryRecord,
         attempt: Attempt,
         attempt_no: u32,
         started: SystemTime,
@@ -399,7 +445,10 @@ impl DeliverDeps {
             Decision::Retry { delay } => {
                 let tier = self.tiers.for_delay(delay);
                 let next = now + delay;
-                let retry = record.clone().for_retry(attempt_no, next);
+                let retry = record
+                    .clone()
+                    .with_first_attempt_at(started)
+                    .for_retry(attempt_no, next);
                 let follow_up = FollowUp {
                     out: outgoing(tier.topic.clone(), &retry),
                     landed: Landed::Retry {
@@ -418,8 +467,9 @@ impl DeliverDeps {
                 reason,
                 disable_endpoint,
             } => {
-                record.attempts = attempt_no;
-                let dead = record.clone().for_dlq(DeadInfo {
+                let mut dead = record.clone().with_first_attempt_at(started);
+                dead.attempts = attempt_no;
+                let dead = dead.for_dlq(DeadInfo {
                     reason,
                     last_status: attempt.result.status(),
                     last_error: attempt.result.error_class(),
@@ -515,11 +565,19 @@ struct Stage {
     parks: mpsc::UnboundedSender<(Tp, i64, bool)>,
     tasks: TaskTracker,
     stop: CancellationToken,
+    /// Cancelled when a task writing a record's last way out panicked (see
+    /// [`Stage::spawn_settling`]): the stage drains and stops.
+    broken: CancellationToken,
     breakers_open: telemetry::BreakersOpen,
 }
 
 /// Runs the delivery stage until `shutdown`; then parks what is queued, lets in-flight attempts
 /// finish within the drain deadline, stores the settled offsets and commits.
+///
+/// A panicking attempt is logged and its record parked for later (see [`Stage::spawn_attempt`]);
+/// the stage goes on. A panic while writing a dead letter or a parked copy stops the stage the
+/// same way, before `shutdown`: its supervisor ([`crate::service::spawn_stage`]) then stops
+/// the process, and the record, never settled, is read again by the next one.
 pub async fn run(
     consumer: StageConsumer,
     producer: crate::kafka::Producer,
@@ -542,6 +600,7 @@ pub async fn run(
         tasks: TaskTracker::new(),
         // Cancelled only when the drain deadline passes: in-flight work keeps going until then.
         stop: CancellationToken::new(),
+        broken: CancellationToken::new(),
         breakers_open: telemetry::BreakersOpen::default(),
     };
     // Each partition gets its own queue and reader, so a backlog is taken a batch per
@@ -554,6 +613,7 @@ pub async fn run(
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
+            () = stage.broken.cancelled() => break,
             Some(done) = done_rx.recv() => stage.on_done(done),
             Some((tp, offset, acked)) = parks_rx.recv() => if acked { stage.settlements.settle(&tp, offset) },
             _ = tick.tick() => stage.on_tick(&consumer, &mut intake),
@@ -874,7 +934,18 @@ impl Stage {
         plan
     }
 
+    /// Runs one attempt of `q` as a task holding `permit`.
+    ///
+    /// A panic inside the attempt (signing, sending, the store, the follow-up: a bug in
+    /// hookline) does not take the endpoint's lane slot or the record's offset with it. The
+    /// slot is given back without a health signal (see [`Slot`]), the panic is logged as an
+    /// error with its message, and the record, as it was read, is parked for a later attempt
+    /// (`hookline_parked_total{reason="panicked"}`); its window starts if it had not, so a
+    /// record that panics every time is dead-lettered once its window is spent (see
+    /// [`Stage::park`]). The request may have reached the receiver: the later attempt is a
+    /// duplicate with the same `webhook-id`, as after a crash.
     fn spawn_attempt(&mut self, q: Queued, permit: Permit) {
+        use futures::FutureExt as _;
         let plan = self.plan(&q.endpoint);
         let deps = self.deps.clone();
         let producer = self.producer.clone();
@@ -887,58 +958,118 @@ impl Stage {
                 record,
                 endpoint,
             } = q;
-            let answered = |health| {
-                let _ = done.send(Done::Answered { permit, health });
+            let slot = Slot {
+                permit: Some(permit),
+                done: done.clone(),
             };
-            let report = deps
-                .attempt(record, &endpoint, &plan, &stop, answered)
-                .await;
-            let (settled, disable) = match report {
-                None => (false, None),
-                Some(r) => {
-                    let acked = match r.follow_up {
-                        Some(f) => f.produce(&producer, &stop).await,
-                        None => true,
-                    };
-                    (acked, r.disable_endpoint.then(|| endpoint.id.clone()))
+            let attempt = async {
+                let report = deps
+                    .attempt(&record, &endpoint, &plan, &stop, |health| {
+                        slot.answer(health)
+                    })
+                    .await;
+                match report {
+                    None => (false, None),
+                    Some(r) => {
+                        let acked = match r.follow_up {
+                            Some(f) => f.produce(&producer, &stop).await,
+                            None => true,
+                        };
+                        (acked, r.disable_endpoint.then(|| endpoint.id.clone()))
+                    }
                 }
             };
-            let _ = done.send(Done::Finished {
-                tp,
-                offset,
-                disable,
-                settled,
-            });
+            // Unwind safety: the attempt only reads `record`, and what it shares with other
+            // tasks (store, sender, producer) keeps its state behind its own synchronisation.
+            let ended = std::panic::AssertUnwindSafe(attempt).catch_unwind().await;
+            let report = match ended {
+                Ok((settled, disable)) => Done::Finished {
+                    tp,
+                    offset,
+                    disable,
+                    settled,
+                },
+                Err(panic) => {
+                    telemetry::attempt_panicked(
+                        record.delivery_id.as_str(),
+                        endpoint.id.as_str(),
+                        &telemetry::panic_message(&*panic),
+                    );
+                    Done::Panicked {
+                        tp,
+                        offset,
+                        record: Box::new(record),
+                    }
+                }
+            };
+            let _ = done.send(report);
         });
     }
 
     fn spawn_refusal(&self, tp: Tp, offset: i64, record: DeliveryRecord, reason: DeadReason) {
         let deps = self.deps.clone();
         let producer = self.producer.clone();
-        let parks = self.parks.clone();
         let stop = self.stop.clone();
-        self.tasks.spawn(async move {
-            let acked = match deps.refuse(record, reason, &stop).await {
+        self.spawn_settling(tp, offset, async move {
+            match deps.refuse(record, reason, &stop).await {
                 Some(AttemptReport {
                     follow_up: Some(f), ..
                 }) => f.produce(&producer, &stop).await,
                 Some(_) => true,
                 None => false,
-            };
-            let _ = parks.send((tp, offset, acked));
+            }
+        });
+    }
+
+    /// Runs `write`, which puts the record at `offset` of `tp` where it goes last (its dead
+    /// letter, a parked copy, the invalid topic) and says whether the broker has it; settles the
+    /// record when it does.
+    ///
+    /// A panic there leaves the record with no safer place than its own offset, uncommitted:
+    /// parking it instead could panic again, for ever. So it stops the stage (logged as an
+    /// error with the panic's message), which drains as on shutdown and ends; hookline then
+    /// exits with status 70 and the next process reads the record again. These tasks sign and
+    /// send nothing; only a store or producer that panics on one record every time would make
+    /// that a restart loop.
+    fn spawn_settling(
+        &self,
+        tp: Tp,
+        offset: i64,
+        write: impl std::future::Future<Output = bool> + Send + 'static,
+    ) {
+        use futures::FutureExt as _;
+        let parks = self.parks.clone();
+        let broken = self.broken.clone();
+        self.tasks.spawn(async move {
+            match std::panic::AssertUnwindSafe(write).catch_unwind().await {
+                Ok(acked) => {
+                    let _ = parks.send((tp, offset, acked));
+                }
+                Err(panic) => {
+                    telemetry::settling_panicked(
+                        &tp.0,
+                        tp.1,
+                        offset,
+                        &telemetry::panic_message(&*panic),
+                    );
+                    broken.cancel();
+                }
+            }
         });
     }
 
     /// Parks `record` in the tier matching `due`; settles it once the broker has it.
     ///
     /// A record never attempted and held back because its endpoint is failing (breaker open, or
-    /// stalled), or because the endpoint view is not confirmed current, starts its window then,
-    /// as a first attempt would, and is dead-lettered (`window_exhausted`) rather than parked
-    /// once the window is spent. Otherwise a dead endpoint's backlog (or every delivery behind a
-    /// view that cannot be confirmed) would cycle through the tiers for ever and never reach the
-    /// DLQ. A record attempted before waits for the breaker's probe as it did:
-    /// its last attempt's answer belongs in its DLQ record, and there are few of them (what was
-    /// in flight when the breaker opened).
+    /// stalled) starts its window then, as a first attempt would, and is dead-lettered
+    /// (`window_exhausted`) rather than parked once the window is spent. Otherwise a dead
+    /// endpoint's backlog would cycle through the tiers for ever and never reach the DLQ. A
+    /// record attempted before waits for the breaker's probe as it did: its last attempt's
+    /// answer belongs in its DLQ record, and there are few of them (what was in flight when the
+    /// breaker opened). A record whose attempt panicked, or whose endpoint view is not confirmed
+    /// current, starts its window as well, attempted before or not: one that panics every time,
+    /// or waits on a view that cannot be confirmed, is dead-lettered once its window is spent
+    /// instead of coming back for ever.
     fn park(
         &self,
         tp: Tp,
@@ -947,22 +1078,24 @@ impl Stage {
         due: SystemTime,
         reason: ParkReason,
     ) {
-        let record = match reason {
-            ParkReason::BreakerOpen | ParkReason::Stalled | ParkReason::ViewBehind
-                if record.attempts == 0 =>
-            {
-                let now = SystemTime::now();
-                let record = record.with_first_attempt_at(now);
-                let first = record
-                    .first_attempt_at
-                    .map_or(now, UnixMillis::to_system_time);
-                if now.duration_since(first).unwrap_or_default() >= self.deps.policy.window {
-                    self.spawn_refusal(tp, offset, record, DeadReason::WindowExhausted);
-                    return;
-                }
-                record
+        let held_back = match reason {
+            ParkReason::BreakerOpen | ParkReason::Stalled => record.attempts == 0,
+            ParkReason::ViewBehind | ParkReason::Panicked => true,
+            ParkReason::LaneFull => false,
+        };
+        let record = if held_back {
+            let now = SystemTime::now();
+            let record = record.with_first_attempt_at(now);
+            let first = record
+                .first_attempt_at
+                .map_or(now, UnixMillis::to_system_time);
+            if now.duration_since(first).unwrap_or_default() >= self.deps.policy.window {
+                self.spawn_refusal(tp, offset, record, DeadReason::WindowExhausted);
+                return;
             }
-            _ => record,
+            record
+        } else {
+            record
         };
         telemetry::parked(reason);
         let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
@@ -973,11 +1106,9 @@ impl Stage {
 
     fn produce_then_settle(&self, tp: Tp, offset: i64, out: Outgoing) {
         let producer = self.producer.clone();
-        let parks = self.parks.clone();
         let stop = self.stop.clone();
-        self.tasks.spawn(async move {
-            let acked = produce_until_acked(&producer, out, &stop).await;
-            let _ = parks.send((tp, offset, acked));
+        self.spawn_settling(tp, offset, async move {
+            produce_until_acked(&producer, out, &stop).await
         });
     }
 
@@ -1009,6 +1140,10 @@ impl Stage {
                 if let Some(gone) = disable {
                     self.disable(gone);
                 }
+            }
+            Done::Panicked { tp, offset, record } => {
+                let due = SystemTime::now() + self.deps.tiers.shortest().delay;
+                self.park(tp, offset, *record, due, ParkReason::Panicked);
             }
         }
     }
@@ -1084,16 +1219,39 @@ mod tests {
     use crate::storage::memory::MemoryStore;
     use crate::storage::{DeliveryState, HistoryQuery, Page, ReplayAudit, StoreError};
 
-    /// A memory store whose `record_attempt` waits for a permit of `gate`.
-    struct GatedStore {
+    /// What goes wrong in a [`FaultyStore`]'s `record_attempt`.
+    enum Fault {
+        /// Each write waits for a permit of the semaphore.
+        Gate(Semaphore),
+        /// The write of a row of this event panics (a bug in the store).
+        Panic(EventId),
+    }
+
+    /// A memory store whose `record_attempt` suffers `fault`.
+    struct FaultyStore {
         inner: MemoryStore,
-        gate: Semaphore,
+        fault: Fault,
+    }
+
+    impl FaultyStore {
+        fn new(fault: Fault) -> Arc<FaultyStore> {
+            Arc::new(FaultyStore {
+                inner: MemoryStore::with_capacity(16),
+                fault,
+            })
+        }
     }
 
     #[async_trait]
-    impl DeliveryStore for GatedStore {
+    impl DeliveryStore for FaultyStore {
         async fn record_attempt(&self, row: &AttemptRow) -> Result<(), StoreError> {
-            self.gate.acquire().await.expect("gate open").forget();
+            match &self.fault {
+                Fault::Gate(gate) => gate.acquire().await.expect("gate open").forget(),
+                Fault::Panic(id) if *id == row.event_id => {
+                    panic!("injected: the store broke on {id}")
+                }
+                Fault::Panic(_) => {}
+            }
             self.inner.record_attempt(row).await
         }
         async fn delivery(&self, id: &DeliveryId) -> Result<Option<DeliveryState>, StoreError> {
@@ -1140,9 +1298,12 @@ mod tests {
         (format!("http://{addr}/hook"), hits)
     }
 
-    #[tokio::test]
-    async fn the_lane_slot_is_given_back_before_the_attempt_is_logged() {
-        let (url, hits) = receiver().await;
+    /// An endpoint to `url` that takes one request at a time, and the delivery stage's
+    /// dependencies around it and `store`, with dev defaults and topics named `t.*`.
+    async fn one_at_a_time(
+        url: String,
+        store: Arc<dyn DeliveryStore>,
+    ) -> (Arc<Endpoint>, Arc<DeliverDeps>) {
         let config = Config::dev_defaults();
         let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
         let created = Endpoint::create(
@@ -1158,14 +1319,10 @@ mod tests {
         )
         .unwrap();
         let endpoint = endpoints.put(&created).await.unwrap();
-        let store = Arc::new(GatedStore {
-            inner: MemoryStore::with_capacity(16),
-            gate: Semaphore::new(0),
-        });
         let deps = Arc::new(DeliverDeps {
             endpoints: endpoints.view().clone(),
             endpoint_writer: endpoints.clone(),
-            store: store.clone(),
+            store,
             sender: crate::service::sender(&config).unwrap(),
             policy: config.retry.policy(),
             tiers: Arc::new(Tiers::new("t.retry.", &config.retry.tiers)),
@@ -1179,15 +1336,28 @@ mod tests {
             stalled_wait: Duration::from_secs(15),
             drain_deadline: Duration::from_secs(20),
         });
-        let record = DeliveryRecord::new(
-            EventId::parse("evt_1").unwrap(),
-            endpoint.id.clone(),
-            endpoint.tenant.clone(),
+        (endpoint, deps)
+    }
+
+    /// Event `evt_<n>` for `endpoint_id`.
+    fn delivery_for(endpoint_id: &EndpointId, n: u32) -> DeliveryRecord {
+        DeliveryRecord::new(
+            EventId::parse(format!("evt_{n}")).unwrap(),
+            endpoint_id.clone(),
+            Tenant::parse("acme").unwrap(),
             EventType::parse("order.created").unwrap(),
             UnixMillis::from(SystemTime::now()),
             None,
             Bytes::from_static(b"{}"),
-        );
+        )
+    }
+
+    #[tokio::test]
+    async fn the_lane_slot_is_given_back_before_the_attempt_is_logged() {
+        let (url, hits) = receiver().await;
+        let store = FaultyStore::new(Fault::Gate(Semaphore::new(0)));
+        let (endpoint, deps) = one_at_a_time(url, store.clone()).await;
+        let record = delivery_for(&endpoint.id, 1);
         let delivery = record.delivery_id.clone();
         let plan = SendPlan::build(&endpoint, SystemTime::now());
         let (answered_tx, answered_rx) = oneshot::channel();
@@ -1195,7 +1365,7 @@ mod tests {
             let deps = deps.clone();
             async move {
                 let stop = CancellationToken::new();
-                deps.attempt(record, &endpoint, &plan, &stop, |health| {
+                deps.attempt(&record, &endpoint, &plan, &stop, |health| {
                     let _ = answered_tx.send(health);
                 })
                 .await
@@ -1215,7 +1385,10 @@ mod tests {
             "not settled before its row is logged"
         );
 
-        store.gate.add_permits(1);
+        let Fault::Gate(gate) = &store.fault else {
+            unreachable!("a gated store")
+        };
+        gate.add_permits(1);
         let report = attempt.await.unwrap().expect("logged and reported");
         assert!(report.follow_up.is_none());
         assert_eq!(store.inner.attempts(&delivery).await.unwrap().len(), 1);
@@ -1289,5 +1462,220 @@ mod tests {
         .expect("acknowledged within 20 s once the DLQ accepts records");
         assert!(acked);
         assert_eq!(metric(dead), 1, "{}", handle.render());
+    }
+
+    /// An attempt that panics before the endpoint answered drops its slot unanswered: the slot
+    /// still comes back to the lane, without a health signal, so an endpoint that takes one
+    /// request at a time is not stopped for good.
+    #[tokio::test]
+    async fn a_slot_dropped_by_a_panic_comes_back_to_its_lane() {
+        let id = EndpointId::parse("ep_1").unwrap();
+        let one = LaneConfig {
+            max_in_flight: 1,
+            rate_limit_per_s: None,
+        };
+        let mut lanes = Lanes::new(LanesConfig::default());
+        let now = tokio::time::Instant::now();
+        let permit = lanes.try_acquire(&id, one, now).expect("a free lane");
+        assert!(matches!(
+            lanes.try_acquire(&id, one, now),
+            Err(Refusal::Concurrency)
+        ));
+        let (done, mut reports) = mpsc::unbounded_channel();
+        let slot = Slot {
+            permit: Some(permit),
+            done,
+        };
+        let attempt = tokio::spawn(async move {
+            let _held = slot;
+            panic!("injected: a bug before the endpoint answered");
+        });
+        assert!(attempt.await.unwrap_err().is_panic());
+
+        let Some(Done::Answered { permit, health }) = reports.recv().await else {
+            panic!("the slot was not given back");
+        };
+        assert_eq!(health, None, "a panic says nothing about the endpoint");
+        assert!(reports.try_recv().is_err(), "given back once");
+        let _ = lanes.release(permit, health, now);
+        assert!(
+            lanes.try_acquire(&id, one, now).is_ok(),
+            "the lane has its slot"
+        );
+    }
+
+    /// The delivery stage on an embedded cluster, reading `t.deliveries` (one partition) as
+    /// group `t-deliver`.
+    struct Rig {
+        kafka: crate::kafka::EmbeddedKafka,
+        shutdown: CancellationToken,
+        stage: tokio::task::JoinHandle<()>,
+    }
+
+    const DELIVERIES: &str = "t.deliveries";
+    const GROUP: &str = "t-deliver";
+
+    impl Rig {
+        /// Writes `records` to `t.deliveries`, then starts the stage on it.
+        async fn start(deps: Arc<DeliverDeps>, records: &[DeliveryRecord]) -> Rig {
+            use crate::kafka::TopicSpec;
+            let mut topics = vec![DELIVERIES, "t.dlq", "t.invalid"];
+            topics.extend(deps.tiers.all().iter().map(|t| &*t.topic));
+            let specs: Vec<TopicSpec> = topics
+                .iter()
+                .map(|name| TopicSpec {
+                    name: (*name).to_owned(),
+                    partitions: 1,
+                    compacted: false,
+                })
+                .collect();
+            let kafka = crate::kafka::EmbeddedKafka::start(&specs).unwrap();
+            let bootstrap = kafka.bootstrap_servers();
+            let producer: crate::kafka::Producer =
+                crate::kafka::producer_config(bootstrap, &Default::default())
+                    .create_with_context(crate::kafka::ProducerLog::default())
+                    .unwrap();
+            for r in records {
+                let out = outgoing(Arc::from(DELIVERIES), r);
+                assert!(produce_until_acked(&producer, out, &CancellationToken::new()).await);
+            }
+            let consumer: StageConsumer = crate::kafka::stage_consumer_config(
+                bootstrap,
+                GROUP,
+                crate::kafka::HOT_FETCH,
+                &Default::default(),
+            )
+            .create_with_context(crate::stage::StageContext::new("deliver"))
+            .unwrap();
+            consumer.subscribe(&[DELIVERIES]).unwrap();
+            let shutdown = CancellationToken::new();
+            let stage = tokio::spawn(run(consumer, producer, deps, shutdown.clone()));
+            Rig {
+                kafka,
+                shutdown,
+                stage,
+            }
+        }
+
+        /// The offset the stage's group has committed on `t.deliveries`, if any.
+        async fn committed(&self) -> Option<i64> {
+            use rdkafka::consumer::BaseConsumer;
+            let bootstrap = self.kafka.bootstrap_servers().to_owned();
+            tokio::task::spawn_blocking(move || {
+                let reader: BaseConsumer =
+                    crate::kafka::consumer_config(&bootstrap, GROUP, &Default::default())
+                        .set("enable.auto.commit", "false")
+                        .create()
+                        .unwrap();
+                let mut tpl = rdkafka::TopicPartitionList::new();
+                tpl.add_partition(DELIVERIES, 0);
+                let got = reader.committed_offsets(tpl, Duration::from_secs(5)).ok()?;
+                match got.find_partition(DELIVERIES, 0)?.offset() {
+                    rdkafka::Offset::Offset(n) => Some(n),
+                    _ => None,
+                }
+            })
+            .await
+            .unwrap()
+        }
+
+        /// Waits until the group has committed `offset` on `t.deliveries` (a minute at most, so
+        /// that a stage that never gets there fails the test rather than hanging it).
+        async fn committed_reaches(&self, offset: i64) {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while self.committed().await < Some(offset) {
+                assert!(
+                    Instant::now() < deadline,
+                    "committed {:?}, never {offset}",
+                    self.committed().await
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+
+        /// Every record in `topic`, read from the beginning until `n` are there.
+        async fn read(&self, topic: &str, n: usize) -> Vec<DeliveryRecord> {
+            use rdkafka::consumer::BaseConsumer;
+            let bootstrap = self.kafka.bootstrap_servers().to_owned();
+            let topic = topic.to_owned();
+            tokio::task::spawn_blocking(move || {
+                let reader: BaseConsumer =
+                    crate::kafka::consumer_config(&bootstrap, "t-reader", &Default::default())
+                        .create()
+                        .unwrap();
+                let mut tpl = rdkafka::TopicPartitionList::new();
+                tpl.add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
+                    .unwrap();
+                reader.assign(&tpl).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let mut got = Vec::new();
+                while got.len() < n {
+                    assert!(Instant::now() < deadline, "{} of {n} in {topic}", got.len());
+                    if let Some(Ok(m)) = reader.poll(Duration::from_millis(100)) {
+                        got.push(DeliveryRecord::from_message(&m).unwrap());
+                    }
+                }
+                got
+            })
+            .await
+            .unwrap()
+        }
+    }
+
+    /// The store panics on the first record's attempt row, after the endpoint answered. The
+    /// record is parked for a later attempt rather than lost with the task: the partition
+    /// commits past it, and the endpoint (one request at a time) goes on to the next record.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_attempt_parks_its_record_and_the_partition_commits_past_it() {
+        let (url, hits) = receiver().await;
+        let store = FaultyStore::new(Fault::Panic(EventId::parse("evt_1").unwrap()));
+        let (endpoint, deps) = one_at_a_time(url, store.clone()).await;
+        let records = [delivery_for(&endpoint.id, 1), delivery_for(&endpoint.id, 2)];
+        let (panics, delivered) = (&records[0].delivery_id, &records[1].delivery_id);
+        let shortest = deps.tiers.shortest().topic.clone();
+        let rig = Rig::start(deps, &records).await;
+
+        rig.committed_reaches(2).await;
+        let parked = rig.read(&shortest, 1).await;
+        assert_eq!(&parked[0].delivery_id, panics);
+        assert_eq!(parked[0].attempts, 0, "parking spends no retry budget");
+        assert!(
+            parked[0].first_attempt_at.is_some(),
+            "its window has started, so a record that always panics is dead-lettered in time"
+        );
+        assert!(parked[0].not_before.is_some());
+        assert_eq!(
+            hits.load(Ordering::SeqCst),
+            2,
+            "both were sent, one at a time"
+        );
+        assert_eq!(store.inner.attempts(delivered).await.unwrap().len(), 1);
+
+        rig.shutdown.cancel();
+        rig.stage.await.unwrap();
+    }
+
+    /// The store panics on the row of a record whose endpoint is gone, while it is being
+    /// dead-lettered: the record has nowhere safer to go than its uncommitted offset, so the
+    /// stage stops on its own (its supervisor then stops hookline, which exits 70) and commits
+    /// nothing past it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_dead_letter_stops_the_stage_with_its_offset_unsettled() {
+        let gone = EndpointId::parse("ep_gone").unwrap();
+        let record = delivery_for(&gone, 1);
+        let store = FaultyStore::new(Fault::Panic(record.event_id.clone()));
+        let (_, deps) = one_at_a_time("http://127.0.0.1:9/".into(), store).await;
+        let mut rig = Rig::start(deps, &[record]).await;
+
+        tokio::time::timeout(Duration::from_secs(60), &mut rig.stage)
+            .await
+            .expect("the stage stopped on its own")
+            .unwrap();
+        assert!(!rig.shutdown.is_cancelled());
+        let committed = rig.committed().await;
+        assert!(
+            matches!(committed, None | Some(0)),
+            "committed {committed:?}, past the record"
+        );
     }
 }

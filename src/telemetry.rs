@@ -35,7 +35,7 @@ pub mod name {
     /// Breakers open right now.
     pub const BREAKERS_OPEN: &str = "hookline_breakers_open";
     /// Records parked in a delay tier, by `reason` (`lane_full`, `breaker_open`, `stalled`,
-    /// `view_behind`).
+    /// `view_behind`, `panicked`).
     pub const PARKED: &str = "hookline_parked_total";
     /// HTTP attempts in flight.
     pub const IN_FLIGHT: &str = "hookline_in_flight_requests";
@@ -261,6 +261,8 @@ pub enum ParkReason {
     /// This instance's endpoint view lacks the endpoint or has it disabled, and is not yet
     /// confirmed current: it may be behind the instance that made the delivery.
     ViewBehind,
+    /// The record's attempt panicked (a bug in hookline; see [`attempt_panicked`]).
+    Panicked,
 }
 
 impl ParkReason {
@@ -278,6 +280,30 @@ impl ParkReason {
 /// A record was parked in a delay tier.
 pub fn parked(reason: ParkReason) {
     counter!(name::PARKED, "reason" => reason.as_str()).increment(1);
+}
+
+/// An attempt panicked: a bug in hookline. Its record is parked for a later attempt
+/// (`hookline_parked_total{reason="panicked"}`) and the endpoint's lane slot given back.
+pub fn attempt_panicked(delivery_id: &str, endpoint_id: &str, panic: &str) {
+    tracing::error!(
+        delivery_id,
+        endpoint_id,
+        panic,
+        "attempt panicked; the record is parked for a later attempt"
+    );
+}
+
+/// Writing a record's dead letter, parked copy or invalid-topic copy panicked: a bug in
+/// hookline. The record stays unsettled and the delivery stage stops, so that hookline exits
+/// and the next process reads the record again.
+pub fn settling_panicked(topic: &str, partition: i32, offset: i64, panic: &str) {
+    tracing::error!(
+        topic,
+        partition,
+        offset,
+        panic,
+        "writing a record onward panicked; the delivery stage stops"
+    );
 }
 
 /// An endpoint's breaker opened.
@@ -500,7 +526,16 @@ mod tests {
     #[test]
     fn park_reason_strings_are_stable() {
         let all: Vec<&str> = ParkReason::all().map(ParkReason::as_str).collect();
-        assert_eq!(all, ["lane_full", "breaker_open", "stalled", "view_behind"]);
+        assert_eq!(
+            all,
+            [
+                "lane_full",
+                "breaker_open",
+                "stalled",
+                "view_behind",
+                "panicked"
+            ]
+        );
     }
 
     #[test]
