@@ -458,6 +458,26 @@ fn is_unreachable(e: &KafkaError) -> bool {
     )
 }
 
+/// Whether a read error from the DLQ consumer ends the replay at once: the partition is gone,
+/// its offsets are no longer in the log, or the replay may not read it. librdkafka backs off
+/// and fetches again after any other error it reports (a broker's storage or request error,
+/// a timeout), so replay waits for those, up to its idle limit.
+fn read_error_is_final(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::GroupAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::OffsetOutOfRange
+                | RDKafkaErrorCode::AutoOffsetReset
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownTopic
+                | RDKafkaErrorCode::UnknownPartition
+        )
+    )
+}
+
 /// Progress reports, one per record read.
 pub trait Progress {
     /// `done` of `total` records read.
@@ -613,6 +633,9 @@ impl Checked<'_> {
         // that stops short resumes.
         let mut next = request.from_offset;
         let mut heard_at = Instant::now();
+        // The latest error the consumer reported since the last record: librdkafka goes on
+        // fetching after most of them, so they stop the replay only once it has gone idle.
+        let mut failing: Option<KafkaError> = None;
         let stop = loop {
             if next > last {
                 break None;
@@ -626,9 +649,27 @@ impl Checked<'_> {
                 // come, within the idle limit.
                 None | Some(Err(KafkaError::PartitionEOF(_))) => {
                     if heard_at.elapsed() >= idle_limit {
-                        break Some(StopCause::Idle(idle_limit));
+                        break Some(match failing.take() {
+                            Some(source) => StopCause::Read {
+                                bootstrap: target.bootstrap.clone(),
+                                source,
+                            },
+                            None => StopCause::Idle(idle_limit),
+                        });
                     }
                     continue;
+                }
+                Some(Err(source)) if !read_error_is_final(&source) => {
+                    tracing::warn!(error = %source, partition = request.partition, offset = next,
+                        "reading the DLQ failed; retrying");
+                    if heard_at.elapsed() < idle_limit {
+                        failing = Some(source);
+                        continue;
+                    }
+                    break Some(StopCause::Read {
+                        bootstrap: target.bootstrap.clone(),
+                        source,
+                    });
                 }
                 Some(Err(source)) => {
                     break Some(StopCause::Read {
@@ -638,6 +679,7 @@ impl Checked<'_> {
                 }
             };
             heard_at = Instant::now();
+            failing = None;
             next = msg.offset() + 1;
             if msg.offset() > last {
                 break None;

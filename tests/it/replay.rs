@@ -466,6 +466,42 @@ async fn a_read_that_fails_partway_is_audited_and_says_where_to_resume() {
     );
 }
 
+/// A read error that librdkafka retries by itself (the broker timed the fetch out) is waited
+/// out: the replay goes on and republishes the whole range, with one audit entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_error_the_consumer_retries_does_not_stop_the_replay() {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    let target = ReplayTarget {
+        bootstrap: mock.bootstrap_servers(),
+        client: BTreeMap::new().into(),
+        dlq: "hookline.dlq".into(),
+        deliveries: "hookline.deliveries".into(),
+    };
+    mock.create_topic(&target.dlq, 1, 1).expect("DLQ topic");
+    mock.create_topic(&target.deliveries, 1, 1)
+        .expect("deliveries topic");
+    let records: Vec<DeliveryRecord> = (0..6).map(|n| dead_letter(n, 0)).collect();
+    write_dlq(&target.bootstrap, &target.dlq, &records).await;
+    let store = MemoryStore::default();
+    let request = replay_of(0, 5);
+    let checked = check(&target, &request)
+        .await
+        .expect("the range is in the partition");
+    mock.request_errors(
+        RDKafkaApiKey::Fetch,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 3],
+    );
+    let summary = checked
+        .idle_limit(Duration::from_secs(20))
+        .run(&store, &mut |_, _| {})
+        .await
+        .expect("the replay waits out the timeouts and finishes");
+    assert_eq!((summary.scanned, summary.replayed), (6, 6), "{summary:?}");
+    let audits = store.replays(10).await.expect("audit trail");
+    assert_eq!(audits.len(), 1, "{audits:?}");
+    assert_eq!(audits[0].count, 6, "{audits:?}");
+}
+
 /// Dead letters at or above this size are refused by the deliveries topic of
 /// [`a_record_the_deliveries_topic_refuses_stops_the_replay_there`].
 const REFUSED_SIZE: u32 = 4096;
