@@ -12,7 +12,10 @@ use std::thread;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, NewTopic, OwnedResourceSpecifier, ResourceSpecifier,
+    TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::mocking::MockCluster;
@@ -56,6 +59,24 @@ pub enum KafkaError {
     NotABrokerListener {
         /// The configured bootstrap servers.
         bootstrap: String,
+    },
+    /// A topic refuses records as large as hookline's producers may write.
+    #[error(
+        "topic {topic} takes records of at most {topic_limit} bytes (its max.message.bytes), \
+         but hookline's producers may write {record_limit} (kafka.client \"message.max.bytes\", \
+         or librdkafka's default): a larger record would be refused by the broker and retried \
+         for ever, holding up its partition. Raise the topic's max.message.bytes to at least \
+         {record_limit} (kafka-configs.sh --alter --entity-type topics --entity-name {topic} \
+         --add-config max.message.bytes={record_limit}), or lower kafka.client \
+         \"message.max.bytes\" to {topic_limit}"
+    )]
+    RecordLimit {
+        /// The topic.
+        topic: String,
+        /// Its `max.message.bytes`.
+        topic_limit: u64,
+        /// The largest record hookline's producers send.
+        record_limit: u64,
     },
     /// The embedded mock cluster could not start.
     #[error("embedded kafka (librdkafka mock cluster) failed to start: {0}")]
@@ -207,14 +228,17 @@ pub async fn ensure_topics(
     overrides: &BTreeMap<String, String>,
     specs: &[TopicSpec],
     replication: i32,
+    record_limit: u64,
 ) -> Result<(), KafkaError> {
     let admin: AdminClient<DefaultClientContext> = client_config(bootstrap, overrides)
         .create()
         .map_err(KafkaError::Client)?;
+    let limit = record_limit.to_string();
     let topics: Vec<NewTopic<'_>> = specs
         .iter()
         .map(|s| {
-            let t = NewTopic::new(&s.name, s.partitions, TopicReplication::Fixed(replication));
+            let t = NewTopic::new(&s.name, s.partitions, TopicReplication::Fixed(replication))
+                .set("max.message.bytes", &limit);
             if s.compacted {
                 t.set("cleanup.policy", "compact")
             } else {
@@ -248,7 +272,63 @@ pub async fn ensure_topics(
             }
         }
     }
-    wait_for_leaders(&admin, specs).await
+    wait_for_leaders(&admin, specs).await?;
+    check_record_limits(&admin, specs, record_limit).await
+}
+
+/// Fails when a topic (one created before, by hand or by an older hookline) takes smaller
+/// records than hookline's producers may write. librdkafka checks only its own
+/// `message.max.bytes`; a record between the two limits would pass it, be refused by the broker
+/// and be retried for ever, and nothing behind it in its partition would be committed. A
+/// cluster that does not describe topic configs (no DescribeConfigs permission, or the embedded
+/// mock cluster) is not checked; that is logged.
+async fn check_record_limits(
+    admin: &AdminClient<DefaultClientContext>,
+    specs: &[TopicSpec],
+    record_limit: u64,
+) -> Result<(), KafkaError> {
+    let resources: Vec<ResourceSpecifier<'_>> = specs
+        .iter()
+        .map(|s| ResourceSpecifier::Topic(&s.name))
+        .collect();
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let described = match admin.describe_configs(resources.iter(), &opts).await {
+        Ok(d) => d,
+        Err(error) => {
+            tracing::warn!(%error, "could not read the topics' max.message.bytes; not checked");
+            return Ok(());
+        }
+    };
+    for result in described {
+        let resource = match result {
+            Ok(r) => r,
+            Err(code) => {
+                tracing::warn!(error = %code, "could not read a topic's max.message.bytes; not checked");
+                continue;
+            }
+        };
+        let OwnedResourceSpecifier::Topic(topic) = &resource.specifier else {
+            continue;
+        };
+        let topic_limit = resource
+            .get("max.message.bytes")
+            .and_then(|e| e.value.as_deref())
+            .and_then(|v| v.parse::<u64>().ok());
+        match topic_limit {
+            Some(topic_limit) if topic_limit < record_limit => {
+                return Err(KafkaError::RecordLimit {
+                    topic: topic.clone(),
+                    topic_limit,
+                    record_limit,
+                });
+            }
+            Some(_) => {}
+            None => {
+                tracing::warn!(topic = %topic, "topic has no readable max.message.bytes; not checked")
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The error for an address that answered, but refused a metadata request as unsupported: what

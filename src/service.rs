@@ -356,6 +356,7 @@ pub async fn prepare_topics(config: &Config) -> Result<(), ServiceError> {
         &config.kafka.client,
         &topic_specs(config),
         -1,
+        config.message_max_bytes()?,
     )
     .await?;
     Ok(())

@@ -976,6 +976,56 @@ const REFUSING: u32 = 64;
 /// Kafka's default `max.message.bytes`.
 const KAFKA_DEFAULT_MAX_MESSAGE: u32 = 1_048_588;
 
+/// A topic that takes smaller records than hookline's producers may write (created earlier, by
+/// hand) stops start-up with an error that names the topic, both limits and the fix; topics
+/// hookline creates take what its producers write. Lowering the producers' limit to the
+/// topic's lets it start.
+async fn a_topic_that_refuses_large_records_stops_start_up() {
+    let mut config = test_config(On::Real);
+    let bootstrap = crate::services::fixture::require_kafka().await;
+    config.kafka.bootstrap_servers = bootstrap.clone();
+    // Above the broker's default (1048588): the topics hookline creates must take it.
+    config
+        .kafka
+        .client
+        .insert("message.max.bytes".into(), "2000000".into());
+    hookline::service::prepare_topics(&config)
+        .await
+        .expect("topics created to fit");
+    let dlq = config.kafka.topics.dlq.clone();
+    crate::services::fixture::limit_record_size(&bootstrap, &dlq, 100_000).await;
+    let err = hookline::service::prepare_topics(&config)
+        .await
+        .expect_err("a topic below the producers' record size")
+        .to_string();
+    assert!(
+        err.starts_with(&format!(
+            "topic {dlq} takes records of at most 100000 bytes (its max.message.bytes), but \
+             hookline's producers may write 2000000"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("--add-config max.message.bytes=2000000"),
+        "{err}"
+    );
+    config
+        .kafka
+        .client
+        .insert("message.max.bytes".into(), "100000".into());
+    hookline::service::prepare_topics(&config)
+        .await
+        .expect("the producers' limit lowered to the topic's");
+    let names: Vec<String> = hookline::service::topic_specs(&config)
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    crate::services::fixture::Topics::adopt(&bootstrap, &names)
+        .delete()
+        .await;
+}
+
 /// A delivery record the broker refuses is never settled. While the deliveries topic refuses
 /// every record (a produce error while offset commits succeed), the fan-out stage commits nothing
 /// past the refused events and keeps retrying, across a restart; once the topic takes records
@@ -1166,6 +1216,11 @@ mod mock_split {
 }
 
 mod real_kafka_refusing {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_topic_that_refuses_large_records_stops_start_up() {
+        super::a_topic_that_refuses_large_records_stops_start_up().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn refused_delivery_records_hold_their_events() {
         super::refused_delivery_records_hold_their_events().await;
