@@ -237,8 +237,12 @@ impl BreakerState {
 /// The answer to "may this call go to the endpoint now?".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
-    /// Closed: go ahead.
-    Allowed,
+    /// Closed: go ahead. `closed` names the closed period that admitted the call: its outcome
+    /// counts only if the breaker has not opened since.
+    Allowed {
+        /// Which closed period.
+        closed: u64,
+    },
     /// Half-open: this call is the probe whose outcome decides.
     Probe,
     /// Open (or a probe is out): do not call; the next probe may go at `retry_at`, so a parked
@@ -310,6 +314,8 @@ pub struct Breaker {
     recent_failures: u32,
     /// Openings since the breaker last closed: drives the growing cool-down.
     opens_in_row: u32,
+    /// Counts the breaker's openings: names the current closed period in [`Admission::Allowed`].
+    closed_period: u64,
 }
 
 impl Breaker {
@@ -322,6 +328,7 @@ impl Breaker {
             recent: VecDeque::with_capacity(config.window_size.min(MAX_WINDOW_SIZE) as usize),
             recent_failures: 0,
             opens_in_row: 0,
+            closed_period: 0,
         }
     }
 
@@ -343,7 +350,9 @@ impl Breaker {
     /// half-open and admits this call as the probe.
     pub fn admit(&mut self, now: Instant) -> Admission {
         match self.phase {
-            Phase::Closed => Admission::Allowed,
+            Phase::Closed => Admission::Allowed {
+                closed: self.closed_period,
+            },
             Phase::Open { until } if now < until => Admission::Rejected { retry_at: until },
             Phase::Open { .. } | Phase::HalfOpen { probe_since: None } => {
                 self.phase = Phase::HalfOpen {
@@ -373,8 +382,11 @@ impl Breaker {
     }
 
     /// Records the outcome of a call admitted as `admission`. Returns the transition it caused.
-    /// Outcomes that no longer apply (a normal call finishing after the breaker opened, a probe
-    /// finishing after another probe decided) are ignored, as is a `Rejected` admission.
+    /// Outcomes that no longer apply (a normal call finishing after the breaker opened, even
+    /// once it has closed again; a probe finishing after another probe decided) are ignored, as
+    /// is a `Rejected` admission. A request sent before the breaker opened can answer long after
+    /// (up to the HTTP timeout, which may exceed the cool-down): counting its failure in the new
+    /// closed period would reopen a breaker whose probe just found the endpoint healthy.
     pub fn record(
         &mut self,
         admission: Admission,
@@ -383,7 +395,7 @@ impl Breaker {
     ) -> Option<Transition> {
         let failed = outcome.is_failure();
         match (self.phase, admission) {
-            (Phase::Closed, Admission::Allowed) => {
+            (Phase::Closed, Admission::Allowed { closed }) if closed == self.closed_period => {
                 if failed {
                     self.consecutive_failures += 1;
                 } else {
@@ -432,6 +444,7 @@ impl Breaker {
 
     fn open(&mut self, reason: OpenReason, now: Instant) -> Transition {
         self.opens_in_row = self.opens_in_row.saturating_add(1);
+        self.closed_period = self.closed_period.wrapping_add(1);
         let cool_down = self.config.cool_down_after(self.opens_in_row);
         let retry_at = now + cool_down;
         self.phase = Phase::Open { until: retry_at };
@@ -555,7 +568,11 @@ mod tests {
             Some(Transition::Closed)
         );
         assert_eq!(b.state(), BreakerState::Closed);
-        assert_eq!(b.admit(Instant::now()), Admission::Allowed);
+        assert_eq!(
+            b.admit(Instant::now()),
+            Admission::Allowed { closed: 1 },
+            "a new closed period"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -675,7 +692,7 @@ mod tests {
     async fn stale_outcomes_are_ignored() {
         let mut b = breaker();
         let early = b.admit(Instant::now());
-        assert_eq!(early, Admission::Allowed);
+        assert_eq!(early, Admission::Allowed { closed: 0 });
         for _ in 0..5 {
             call(&mut b, Outcome::Overload);
         }
@@ -696,6 +713,23 @@ mod tests {
         // A second probe's late answer cannot re-open a closed breaker.
         assert_eq!(b.record(probe, Outcome::Overload, Instant::now()), None);
         assert_eq!(b.state(), BreakerState::Closed);
+        // Nor can calls admitted before it opened, answering late (a cool-down shorter than the
+        // HTTP timeout): the closed period that admitted them is over.
+        for _ in 0..10 {
+            assert_eq!(b.record(early, Outcome::Unreachable, Instant::now()), None);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Calls admitted now still count.
+        for _ in 0..4 {
+            assert_eq!(call(&mut b, Outcome::Unreachable), None);
+        }
+        assert!(matches!(
+            call(&mut b, Outcome::Unreachable),
+            Some(Transition::Opened {
+                reason: OpenReason::ConsecutiveFailures,
+                ..
+            })
+        ));
     }
 
     #[tokio::test(start_paused = true)]
@@ -727,7 +761,7 @@ mod tests {
         assert_eq!(second, Admission::Probe, "the first probe is presumed lost");
         b.abandon(second);
         assert_eq!(b.admit(Instant::now()), Admission::Probe, "given back");
-        b.abandon(Admission::Allowed);
+        b.abandon(Admission::Allowed { closed: 0 });
         assert_eq!(b.state(), BreakerState::HalfOpen);
     }
 
