@@ -3,7 +3,8 @@
 //! Two formats arrive on input topics:
 //! - Debezium Outbox Event Router records: key = aggregate id, header `id` = event id, event type
 //!   and tenant in further headers (names configurable, defaults `eventType` and `tenant`), value =
-//!   the payload JSON itself (`table.expand.json.payload=true` with schemas off).
+//!   the payload JSON itself (`table.expand.json.payload=true` with schemas off), or that payload
+//!   as Kafka Connect's JSON converter and Debezium's defaults wrap it (see [`outbox_payload`]).
 //! - The native envelope `{"id"?, "tenant", "type", "occurred_at"?, "payload"}` written by
 //!   `POST /v1/events` or any producer; see `schemas/native-event.schema.json`.
 //!
@@ -476,8 +477,7 @@ fn parse_outbox(
     let event_type = check_type(outbox_header(record.headers, &config.type_header)?)?;
     let tenant = check_tenant(outbox_header(record.headers, &config.tenant_header)?)?;
     check_size(config, value.len())?;
-    let payload: Box<RawValue> = serde_json::from_slice(value)
-        .map_err(|e| InvalidInput::new(InvalidReason::NotJson, format!("value: {e}")))?;
+    let payload = outbox_payload(value)?;
     Ok(InputEvent {
         id,
         tenant,
@@ -485,6 +485,76 @@ fn parse_outbox(
         occurred_at: truncate_to_millis(fallback_time),
         payload,
     })
+}
+
+/// Kafka Connect's JSON converter with schemas enabled (its default): the value is
+/// `{"schema": {...}, "payload": ...}`, and only the payload is the event's.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConnectEnvelope {
+    /// Required (a missing field is not `None` here): a `null` or a [`ConnectSchema`].
+    schema: Box<RawValue>,
+    payload: Box<RawValue>,
+}
+
+/// The part of a Connect schema that says how to read the payload.
+#[derive(Deserialize)]
+struct ConnectSchema {
+    #[serde(rename = "type")]
+    _kind: String,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// The semantic type Debezium gives a JSON column it emits as a string.
+const DEBEZIUM_JSON: &str = "io.debezium.data.Json";
+
+/// The event payload in an outbox record's value, read the way Debezium's Outbox Event Router
+/// writes it under each common converter setting:
+/// - the payload JSON itself (`table.expand.json.payload=true`, schemas off): as is;
+/// - wrapped by Kafka Connect's JSON converter with schemas on, `{"schema": .., "payload": ..}`
+///   (exactly those two fields, the schema an object with a `type`): the payload;
+/// - the JSON column as a JSON string (`table.expand.json.payload=false`, Debezium's default):
+///   the JSON inside the string, when the schema names it `io.debezium.data.Json` or, with no
+///   schema, when the string holds a JSON object or array. Any other string is the payload.
+///
+/// Receivers so get the application's JSON in `data` whatever the connector's converters, not
+/// a converter's wrapper or an escaped string.
+fn outbox_payload(value: &[u8]) -> Result<Box<RawValue>, InvalidInput> {
+    let not_json = |what: &str, e: serde_json::Error| {
+        InvalidInput::new(InvalidReason::NotJson, format!("{what}: {e}"))
+    };
+    let raw: Box<RawValue> = serde_json::from_slice(value).map_err(|e| not_json("value", e))?;
+    let (inner, declared_json) = if raw.get().starts_with('{') {
+        let envelope = serde_json::from_str::<ConnectEnvelope>(raw.get())
+            .ok()
+            .and_then(|e| {
+                let schema = serde_json::from_str::<Option<ConnectSchema>>(e.schema.get()).ok()?;
+                Some((e.payload, schema))
+            });
+        match envelope {
+            Some((payload, schema)) => {
+                let declared = schema.is_some_and(|s| s.name.as_deref() == Some(DEBEZIUM_JSON));
+                (payload, declared)
+            }
+            None => (raw, false),
+        }
+    } else {
+        (raw, false)
+    };
+    if !inner.get().starts_with('"') {
+        return Ok(inner);
+    }
+    let text: String = serde_json::from_str(inner.get()).map_err(|e| not_json("value", e))?;
+    if declared_json {
+        return serde_json::from_str(&text)
+            .map_err(|e| not_json("payload (a string its schema declares JSON)", e));
+    }
+    let looks_structured = matches!(text.trim_start().as_bytes().first(), Some(b'{' | b'['));
+    match serde_json::from_str::<Box<RawValue>>(&text) {
+        Ok(json) if looks_structured => Ok(json),
+        _ => Ok(inner),
+    }
 }
 
 fn parse_native(
@@ -736,6 +806,66 @@ mod tests {
             &ev.body_bytes()[..],
             br#"{"id":"3f1c-aa","type":"order.created","timestamp":"2023-11-14T22:13:20.000Z","data":{"order":1, "total": 9.90}}"#
         );
+    }
+
+    /// The payload as Debezium's outbox route writes it under each common converter setting
+    /// (the shapes of Kafka Connect's JsonConverter): receivers get the application's JSON.
+    #[test]
+    fn outbox_payloads_are_taken_out_of_connect_wrappers_and_json_strings() {
+        let payload = |value: &[u8]| run(OUTBOX, value).unwrap().payload.get().to_owned();
+        // Schemas on, JSON column expanded: the struct is the payload.
+        assert_eq!(
+            payload(
+                br#"{"schema":{"type":"struct","fields":[{"field":"order","type":"int32"}],"optional":false},"payload":{"order":1}}"#
+            ),
+            r#"{"order":1}"#
+        );
+        // Schemas on, JSON column not expanded: a string its schema names io.debezium.data.Json.
+        assert_eq!(
+            payload(
+                br#"{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":"{\"order\": 1, \"note\": \"\u00fc\"}"}"#
+            ),
+            r#"{"order": 1, "note": "ü"}"#
+        );
+        // Declared JSON but a scalar inside: still JSON.
+        assert_eq!(
+            payload(
+                br#"{"schema":{"type":"string","name":"io.debezium.data.Json"},"payload":"42"}"#
+            ),
+            "42"
+        );
+        // Schemas off, JSON column not expanded: a JSON string holding an object or an array.
+        assert_eq!(payload(br#""{\"order\": 1}""#), r#"{"order": 1}"#);
+        assert_eq!(payload(br#"" [1, 2]""#), "[1, 2]");
+        // Any other string is the payload itself, quotes and all.
+        assert_eq!(payload(br#""hello""#), r#""hello""#);
+        assert_eq!(payload(br#""{not json""#), r#""{not json""#);
+        assert_eq!(payload(br#"{"schema":null,"payload":"text"}"#), r#""text""#);
+        // Objects that are not exactly a Connect envelope are payloads.
+        for value in [
+            &br#"{"schema":{"type":"string"},"payload":1,"more":2}"#[..],
+            br#"{"payload":{"order":1}}"#,
+            br#"{"schema":"v2","payload":{"order":1}}"#,
+            br#"{"schema":{"name":"x"},"payload":{"order":1}}"#,
+        ] {
+            assert_eq!(payload(value), std::str::from_utf8(value).unwrap());
+        }
+        // A string declared JSON that is not is refused, naming why.
+        let err = run(
+            OUTBOX,
+            br#"{"schema":{"type":"string","name":"io.debezium.data.Json"},"payload":"{oops"}"#,
+        )
+        .unwrap_err();
+        assert_eq!(err.reason.code(), "not_json");
+        assert!(
+            err.detail
+                .starts_with("payload (a string its schema declares JSON): "),
+            "{}",
+            err.detail
+        );
+        // The body carries the payload's bytes exactly.
+        let ev = run(OUTBOX, br#""{\"a\":[1,2.50]}""#).unwrap();
+        assert!(ev.body_bytes().ends_with(br#","data":{"a":[1,2.50]}}"#));
     }
 
     #[test]

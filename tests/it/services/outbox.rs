@@ -232,3 +232,170 @@ async fn outbox_route_creates_a_missing_topic() {
     drop(consumer);
     topics.delete().await;
 }
+
+/// The second connector [`wrapped_route`] registers, its slot and publication.
+const WRAPPED: &str = "hookline_outbox_wrapped";
+
+/// Registers (or updates) a second outbox connector on the running Connect worker, set up as
+/// Kafka Connect and Debezium leave it by default: the JSON converter with schemas on, and the
+/// jsonb payload column not expanded (so it travels as a string named `io.debezium.data.Json`).
+/// It routes to `outbox.wrapped.<aggregatetype>`. Returns once its task runs and its replication
+/// slot streams.
+async fn wrapped_route(connect: &str, pg: &Client) -> reqwest::Client {
+    let http = reqwest::Client::new();
+    let config = json!({
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": "1",
+        "database.hostname": "127.0.0.1",
+        "database.port": "5432",
+        "database.user": "postgres",
+        "database.password": "",
+        "database.dbname": "hookline",
+        "topic.prefix": WRAPPED,
+        "plugin.name": "pgoutput",
+        "slot.name": WRAPPED,
+        "publication.name": WRAPPED,
+        "publication.autocreate.mode": "filtered",
+        "table.include.list": "public.outbox",
+        "snapshot.mode": "no_data",
+        "tombstones.on.delete": "false",
+        "transforms": "outbox",
+        "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+        "transforms.outbox.route.by.field": "aggregatetype",
+        "transforms.outbox.route.topic.replacement": "outbox.wrapped.${routedByValue}",
+        "transforms.outbox.table.field.event.id": "id",
+        "transforms.outbox.table.field.event.key": "aggregateid",
+        "transforms.outbox.table.field.event.payload": "payload",
+        "transforms.outbox.table.fields.additional.placement":
+            "type:header:eventType,tenant_id:header:tenant",
+        "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "true",
+        "topic.creation.default.replication.factor": "1",
+        "topic.creation.default.partitions": "1",
+    });
+    let url = format!("http://{connect}/connectors/{WRAPPED}");
+    let put = http
+        .put(format!("{url}/config"))
+        .json(&config)
+        .send()
+        .await
+        .expect("Kafka Connect REST");
+    assert!(
+        put.status().is_success(),
+        "registering {WRAPPED}: {} {}",
+        put.status(),
+        put.text().await.unwrap_or_default()
+    );
+    let deadline = tokio::time::Instant::now() + ARRIVAL_TIMEOUT;
+    loop {
+        let status = match http.get(format!("{url}/status")).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(e) => e.to_string(),
+        };
+        let slot_active = pg
+            .query_opt(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[&WRAPPED],
+            )
+            .await
+            .expect("pg_replication_slots")
+            .is_some_and(|r| r.get::<_, bool>(0));
+        if status.contains(r#""tasks":[{"id":0,"state":"RUNNING""#) && slot_active {
+            return http;
+        }
+        assert!(
+            !status.contains(r#""state":"FAILED""#),
+            "{WRAPPED} failed: {status}"
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{WRAPPED} not running with an active slot within {ARRIVAL_TIMEOUT:?}: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Removes [`wrapped_route`]'s connector, then its slot (which would otherwise hold WAL for
+/// ever) and publication.
+async fn remove_wrapped_route(http: &reqwest::Client, connect: &str, pg: &Client) {
+    let _ = http
+        .delete(format!("http://{connect}/connectors/{WRAPPED}"))
+        .send()
+        .await;
+    let deadline = tokio::time::Instant::now() + ARRIVAL_TIMEOUT;
+    loop {
+        // The slot can be dropped once the stopped task has let go of it.
+        let dropped = pg
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND NOT active",
+                &[&WRAPPED],
+            )
+            .await;
+        let left = pg
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&WRAPPED],
+            )
+            .await
+            .expect("pg_replication_slots");
+        if dropped.is_ok() && left.is_none() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slot {WRAPPED} still held after its connector was deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    pg.execute(&format!("DROP PUBLICATION IF EXISTS {WRAPPED}"), &[])
+        .await
+        .expect("drop publication");
+}
+
+/// Under Kafka Connect's defaults the outbox route wraps the payload in a schema envelope and
+/// carries the jsonb column as an escaped string; hookline's fan-out still reads the
+/// application's JSON out of it, and delivers that as `data`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_route_on_connect_defaults_gives_hookline_the_application_payload() {
+    let bootstrap = require_kafka().await;
+    let connect = require_connect().await;
+    let pg = postgres().await;
+    let http = wrapped_route(&connect, &pg).await;
+
+    let row = Row::new(&unique("itwrapped"), 7);
+    let topic = format!("outbox.wrapped.{}", row.aggregatetype);
+    let topics = Topics::create(&bootstrap, &[&topic], 1).await;
+    let consumer = consumer_from_start(&bootstrap, &topic);
+    insert(&pg, &row).await;
+    let msg = next(&consumer, &topic).await;
+
+    let value: Value =
+        serde_json::from_slice(msg.payload().expect("a value")).expect("value is JSON");
+    assert_eq!(
+        value["schema"]["name"], "io.debezium.data.Json",
+        "the route wraps the payload: {value}"
+    );
+    assert!(
+        value["payload"].is_string(),
+        "the payload is a string: {value}"
+    );
+    let event = hookline::input::parse_message(
+        &hookline::input::InputConfig::default(),
+        &msg,
+        std::time::SystemTime::now(),
+    )
+    .expect("hookline reads the wrapped record");
+    assert_eq!(event.id.as_str(), row.id.to_string());
+    assert_eq!(event.event_type.as_str(), row.event_type);
+    let payload: Value = serde_json::from_str(event.payload.get()).expect("payload JSON");
+    assert_eq!(payload, row.payload, "the application's JSON, unwrapped");
+    let body: Value = serde_json::from_slice(&event.body_bytes()).expect("body JSON");
+    assert_eq!(body["data"], row.payload);
+
+    drop(msg);
+    drop(consumer);
+    remove_wrapped_route(&http, &connect, &pg).await;
+    topics.delete().await;
+}
