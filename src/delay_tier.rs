@@ -281,6 +281,11 @@ async fn stage(
                 let tp: Tp = (Arc::from(msg.topic()), msg.partition());
                 let offset = msg.offset();
                 settlements.track(&tp, offset);
+                // Paused at the record that fills the window rather than at the next tick: a
+                // burst due at once is forwarded as fast as it is read, and would overshoot.
+                if settlements.needs_pause(&tp) {
+                    settlements.flow_control(consumer);
+                }
                 let headers = msg.headers().map(|h| h.detach()).unwrap_or_else(OwnedHeaders::new);
                 let payload = bytes::Bytes::copy_from_slice(msg.payload().unwrap_or_default());
                 let key = msg.key().unwrap_or_default().to_vec();
@@ -585,6 +590,21 @@ mod stage_tests {
             }
         }
 
+        /// The stage, until `shutdown`.
+        async fn run(&self, shutdown: &CancellationToken) {
+            let topics = DelayTopics {
+                deliveries: Arc::from("hookline.deliveries"),
+                invalid: Arc::from("hookline.invalid"),
+            };
+            stage(
+                &self.consumer,
+                self.nowhere.clone(),
+                topics,
+                shutdown.clone(),
+            )
+            .await;
+        }
+
         /// Records the stage has read from the tier's partition (its next offset: the topic
         /// starts at 0).
         fn read(&self) -> i64 {
@@ -660,6 +680,25 @@ mod stage_tests {
         }
     }
 
+    /// Records due at once go back as they are read, and a burst of them stops at the window:
+    /// the stage pauses the partition at the record that fills it, not at its next tick.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_due_at_once_is_read_no_further_than_the_window() {
+        let u = Unacked::start();
+        let shutdown = CancellationToken::new();
+        let test = async {
+            u.assigned().await;
+            u.produce(MAX_WINDOW + 5_000, None).await;
+            let window = i64::try_from(MAX_WINDOW).unwrap();
+            u.until_read(window).await;
+            // Several of the stage's 200 ms ticks, each of which pauses a full partition.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(u.read(), window, "the stage read past its window");
+            shutdown.cancel();
+        };
+        tokio::join!(u.run(&shutdown), test);
+    }
+
     /// A window filled by unacknowledged forwards and held records keeps its partition paused
     /// when the held records come due and the stage's own hold on the partition ends: the stage
     /// reads no record past its window.
@@ -667,11 +706,6 @@ mod stage_tests {
     async fn a_due_head_does_not_resume_a_partition_whose_window_is_full() {
         let u = Unacked::start();
         let shutdown = CancellationToken::new();
-        let topics = DelayTopics {
-            deliveries: Arc::from("hookline.deliveries"),
-            invalid: Arc::from("hookline.invalid"),
-        };
-        let run = stage(&u.consumer, u.nowhere.clone(), topics, shutdown.clone());
         let test = async {
             u.assigned().await;
             // Records due at once are forwarded as they are read and never acknowledged; the
@@ -697,6 +731,6 @@ mod stage_tests {
             );
             shutdown.cancel();
         };
-        tokio::join!(run, test);
+        tokio::join!(u.run(&shutdown), test);
     }
 }
