@@ -17,6 +17,11 @@
 //! resume per second of due times, not per record. Memory stays bounded: at most [`MAX_HELD`]
 //! records per partition, and [`MAX_HELD_BYTES`] of bodies over all partitions beyond one
 //! record per partition; a partition over either pauses until it has forwarded half of it.
+//! Records forwarded and not yet acknowledged count against the partition's offset window
+//! ([`MAX_WINDOW`]) with those held. These pauses are reasons kept by [`Settlements`]
+//! ([`PauseReason::Hold`] here, [`PauseReason::Window`] there): a partition resumes only once
+//! neither holds, so a due head never reads past a full window, nor a drained window past the
+//! read-ahead.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -32,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::tier_name;
 use crate::record::DeliveryRecord;
 use crate::stage::{
-    Outgoing, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked, set_paused,
+    Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked,
 };
 
 /// One delay tier.
@@ -125,7 +130,8 @@ struct Held {
     outgoing: Outgoing,
 }
 
-/// What the stage holds from one tier partition, in offset order, and whether it paused it.
+/// What the stage holds from one tier partition, in offset order, and whether it holds the
+/// partition paused ([`PauseReason::Hold`]; its window may pause it as well).
 #[derive(Default)]
 struct Partition {
     held: VecDeque<Held>,
@@ -183,8 +189,10 @@ impl Partition {
     }
 }
 
-/// Records a tier partition may have forwarded but not yet acknowledged.
-const MAX_WINDOW: usize = 10_000;
+/// Records a tier partition may have read and not yet had acknowledged (held, or forwarded and
+/// waiting for the broker): its offset window. A full window pauses the partition until half of
+/// them are acknowledged, whatever its held records' due times.
+pub const MAX_WINDOW: usize = 10_000;
 
 /// A partition is paused once the last record held from it is due further ahead than this.
 pub const READ_AHEAD: Duration = Duration::from_secs(3);
@@ -210,6 +218,16 @@ pub const MAX_HELD_BYTES: usize = 32 * 1024 * 1024;
 /// The delay stage: consumes every tier topic (group `hookline-delay`) and forwards due records.
 pub async fn run(
     consumer: StageConsumer,
+    producer: crate::kafka::Producer,
+    topics: DelayTopics,
+    shutdown: CancellationToken,
+) {
+    stage(&consumer, producer, topics, shutdown).await;
+}
+
+/// [`run`] on a borrowed consumer, which a test can ask where the stage has read to.
+async fn stage(
+    consumer: &StageConsumer,
     producer: crate::kafka::Producer,
     topics: DelayTopics,
     shutdown: CancellationToken,
@@ -245,11 +263,11 @@ pub async fn run(
                         forwards.push(forward(tp.clone(), h.offset, h.outgoing));
                     }
                 }
-                pause_or_resume(&consumer, &mut parts, None, now);
+                pause_or_resume(consumer, &mut settlements, &mut parts, None, now);
             }
             _ = store_tick.tick() => {
                 // What is held from a partition that moved is re-read by its new owner.
-                forget_moved(&mut parts, &settlements.maintain(&consumer));
+                forget_moved(&mut parts, &settlements.maintain(consumer));
             }
             msg = consumer.recv() => {
                 let msg = match msg {
@@ -259,10 +277,15 @@ pub async fn run(
                         continue;
                     }
                 };
-                forget_moved(&mut parts, &settlements.sync(&consumer));
+                forget_moved(&mut parts, &settlements.sync(consumer));
                 let tp: Tp = (Arc::from(msg.topic()), msg.partition());
                 let offset = msg.offset();
                 settlements.track(&tp, offset);
+                // Paused at the record that fills the window rather than at the next tick: a
+                // burst due at once is forwarded as fast as it is read, and would overshoot.
+                if settlements.needs_pause(&tp) {
+                    settlements.flow_control(consumer);
+                }
                 let headers = msg.headers().map(|h| h.detach()).unwrap_or_else(OwnedHeaders::new);
                 let payload = bytes::Bytes::copy_from_slice(msg.payload().unwrap_or_default());
                 let key = msg.key().unwrap_or_default().to_vec();
@@ -283,26 +306,25 @@ pub async fn run(
                     }
                 };
                 let part = parts.entry(tp.clone()).or_default();
-                // A record from a partition this stage paused means something resumed it (the
-                // offset window's flow control): pause it again if it should be.
-                part.paused = false;
                 if due <= now && part.held.is_empty() {
                     forwards.push(forward(tp, offset, out));
                 } else {
                     part.push(Held { due, offset, outgoing: out });
-                    pause_or_resume(&consumer, &mut parts, Some(&tp), now);
+                    pause_or_resume(consumer, &mut settlements, &mut parts, Some(&tp), now);
                 }
             }
         }
     }
-    drain(&consumer, &mut settlements, &mut forwards).await;
+    drain(consumer, &mut settlements, &mut forwards).await;
 }
 
-/// Pauses or resumes partitions as [`Partition::wants_pause`] says: `only` the one that just
-/// took a record, or every one (after forwarding, which frees room for all). Forgets the
-/// partitions that hold nothing and are not paused.
+/// Sets or clears this stage's [`PauseReason::Hold`] as [`Partition::wants_pause`] says: for
+/// `only` the one that just took a record, or every one (after forwarding, which frees room for
+/// all). A partition whose hold ends stays paused while its window is full. Forgets the
+/// partitions that hold nothing and are not held paused.
 fn pause_or_resume(
     consumer: &StageConsumer,
+    settlements: &mut Settlements,
     parts: &mut HashMap<Tp, Partition>,
     only: Option<&Tp>,
     now: SystemTime,
@@ -321,16 +343,11 @@ fn pause_or_resume(
         }
     }
     for (tps, paused) in [(pause, true), (resume, false)] {
-        match set_paused(consumer, &tps, paused) {
-            Ok(()) => {
-                for tp in &tps {
-                    if let Some(p) = parts.get_mut(tp) {
-                        p.paused = paused;
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(paused, error = %e, "pausing or resuming delay tier partitions failed")
+        // A refusal is logged there and leaves the reason as it was: the next look asks again.
+        let _ = settlements.set_pause_reason(consumer, &tps, PauseReason::Hold, paused);
+        for tp in &tps {
+            if let Some(p) = parts.get_mut(tp) {
+                p.paused = settlements.paused_for(tp, PauseReason::Hold);
             }
         }
     }
@@ -521,5 +538,199 @@ mod tests {
         assert_eq!(tiers.at_least(s(5)).name, "5s");
         assert_eq!(tiers.at_least(s(15)).name, "30s");
         assert_eq!(tiers.at_least(s(86400)).name, "6h", "longer than any tier");
+    }
+}
+
+#[cfg(test)]
+mod stage_tests {
+    use std::collections::BTreeMap;
+
+    use rdkafka::producer::FutureRecord;
+
+    use super::*;
+    use crate::id::{EndpointId, EventId, Tenant};
+    use crate::input::EventType;
+    use crate::kafka::{
+        DELAY_FETCH, EmbeddedKafka, ProducerLog, TopicSpec, producer_config, stage_consumer_config,
+    };
+    use crate::stage::StageContext;
+
+    const TIER: &str = "hookline.retry.5s";
+
+    /// A delay stage on the mock cluster whose forwards go to an address no broker listens on:
+    /// nothing it forwards is ever acknowledged, so every record it reads stays in its window.
+    /// (Fields drop in order: the clients leave before the cluster stops.)
+    struct Unacked {
+        consumer: StageConsumer,
+        nowhere: crate::kafka::Producer,
+        kafka: EmbeddedKafka,
+    }
+
+    impl Unacked {
+        fn start() -> Unacked {
+            let kafka = EmbeddedKafka::start(&[TopicSpec {
+                name: TIER.into(),
+                partitions: 1,
+                compacted: false,
+            }])
+            .unwrap();
+            let none = BTreeMap::new();
+            let consumer: StageConsumer =
+                stage_consumer_config(kafka.bootstrap_servers(), "delay", DELAY_FETCH, &none)
+                    .create_with_context(StageContext::new("delay"))
+                    .unwrap();
+            consumer.subscribe(&[TIER]).unwrap();
+            let nowhere = producer_config("127.0.0.1:1", &none)
+                .create_with_context(ProducerLog::default())
+                .unwrap();
+            Unacked {
+                consumer,
+                nowhere,
+                kafka,
+            }
+        }
+
+        /// The stage, until `shutdown`.
+        async fn run(&self, shutdown: &CancellationToken) {
+            let topics = DelayTopics {
+                deliveries: Arc::from("hookline.deliveries"),
+                invalid: Arc::from("hookline.invalid"),
+            };
+            stage(
+                &self.consumer,
+                self.nowhere.clone(),
+                topics,
+                shutdown.clone(),
+            )
+            .await;
+        }
+
+        /// Records the stage has read from the tier's partition (its next offset: the topic
+        /// starts at 0).
+        fn read(&self) -> i64 {
+            let Ok(position) = self.consumer.position() else {
+                return 0;
+            };
+            match position.find_partition(TIER, 0).map(|e| e.offset()) {
+                Some(rdkafka::Offset::Offset(n)) => n,
+                _ => 0,
+            }
+        }
+
+        /// Waits until the stage is assigned the tier's partition.
+        async fn assigned(&self) {
+            for _ in 0..600 {
+                if self
+                    .consumer
+                    .assignment()
+                    .is_ok_and(|a| a.find_partition(TIER, 0).is_some())
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("the tier partition was not assigned within 30 s");
+        }
+
+        /// Produces `n` delivery records to the tier, due at `due` (`None`: due at once).
+        async fn produce(&self, n: usize, due: Option<SystemTime>) {
+            let producer: crate::kafka::Producer =
+                producer_config(self.kafka.bootstrap_servers(), &BTreeMap::new())
+                    .create_with_context(ProducerLog::default())
+                    .unwrap();
+            let mut acks = vec![];
+            for i in 0..n {
+                let record = DeliveryRecord::new(
+                    EventId::parse(format!("evt_{i}")).unwrap(),
+                    EndpointId::parse("ep_1").unwrap(),
+                    Tenant::parse("acme").unwrap(),
+                    EventType::parse("t").unwrap(),
+                    SystemTime::now().into(),
+                    None,
+                    bytes::Bytes::from_static(b"{}"),
+                );
+                let record = match due {
+                    Some(at) => record.for_park(at),
+                    None => record,
+                };
+                let out = crate::deliver::outgoing(Arc::from(TIER), &record);
+                let sent = producer.send_result(
+                    FutureRecord::to(TIER)
+                        .partition(0)
+                        .key(&out.key[..])
+                        .headers(out.headers)
+                        .payload(&out.payload[..]),
+                );
+                acks.push(sent.map_err(|(e, _)| e).unwrap());
+            }
+            for ack in acks {
+                ack.await.unwrap().map_err(|(e, _)| e).unwrap();
+            }
+        }
+
+        /// Waits until the stage has read `n` records.
+        async fn until_read(&self, n: i64) {
+            for _ in 0..1200 {
+                if self.read() >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("the stage read {} records, not {n}, in 60 s", self.read());
+        }
+    }
+
+    /// Records due at once go back as they are read, and a burst of them stops at the window:
+    /// the stage pauses the partition at the record that fills it, not at its next tick.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_due_at_once_is_read_no_further_than_the_window() {
+        let u = Unacked::start();
+        let shutdown = CancellationToken::new();
+        let test = async {
+            u.assigned().await;
+            u.produce(MAX_WINDOW + 5_000, None).await;
+            let window = i64::try_from(MAX_WINDOW).unwrap();
+            u.until_read(window).await;
+            // Several of the stage's 200 ms ticks, each of which pauses a full partition.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(u.read(), window, "the stage read past its window");
+            shutdown.cancel();
+        };
+        tokio::join!(u.run(&shutdown), test);
+    }
+
+    /// A window filled by unacknowledged forwards and held records keeps its partition paused
+    /// when the held records come due and the stage's own hold on the partition ends: the stage
+    /// reads no record past its window.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_due_head_does_not_resume_a_partition_whose_window_is_full() {
+        let u = Unacked::start();
+        let shutdown = CancellationToken::new();
+        let test = async {
+            u.assigned().await;
+            // Records due at once are forwarded as they are read and never acknowledged; the
+            // held ones fill the window to the record and hold the partition until they are due;
+            // the ones behind them are due at once, so nothing but the window keeps them out.
+            let forwarded = MAX_WINDOW - MAX_HELD;
+            u.produce(forwarded, None).await;
+            let due = SystemTime::now() + Duration::from_secs(5);
+            u.produce(MAX_HELD, Some(due)).await;
+            u.produce(100, None).await;
+            let window = i64::try_from(MAX_WINDOW).unwrap();
+            u.until_read(window).await;
+            // The held records go out HOLD_BATCH after they are due; a resumed partition is
+            // fetched again within about a second (see the module doc).
+            let released = due + HOLD_BATCH + Duration::from_secs(3);
+            if let Ok(wait) = released.duration_since(SystemTime::now()) {
+                tokio::time::sleep(wait).await;
+            }
+            assert_eq!(
+                u.read(),
+                window,
+                "the stage read past its window once its held records were due"
+            );
+            shutdown.cancel();
+        };
+        tokio::join!(u.run(&shutdown), test);
     }
 }

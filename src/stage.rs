@@ -2,7 +2,7 @@
 //! settled per partition, storing only settled offsets, pausing partitions whose window is full,
 //! and producing a record until the broker acknowledges it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -94,7 +94,9 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<Tp> {
 }
 
 /// Pauses (`paused`) or resumes `tps` in one call to librdkafka; an empty list asks nothing.
-pub fn set_paused<C: Consumer<StageContext>>(
+/// Stages go through [`Settlements::set_pause_reason`], which keeps every reason a partition
+/// is paused for.
+fn set_paused<C: Consumer<StageContext>>(
     consumer: &C,
     tps: &[Tp],
     paused: bool,
@@ -226,7 +228,9 @@ pub const SPAN_FACTOR: usize = 128;
 ///
 /// A partition is paused when it holds `max_window` unsettled records, or when the span from its
 /// lowest unsettled offset to its newest reaches [`SPAN_FACTOR`] times that; it resumes once the
-/// unsettled records have drained to half and the span has room for another window. (The span
+/// unsettled records have drained to half and the span has room for another window, and no other
+/// [`PauseReason`] holds it (a stage pauses partitions for reasons of its own through
+/// [`set_pause_reason`](Self::set_pause_reason), never by calling the consumer). (The span
 /// only shrinks when its oldest record settles: waiting for it to halve would hold the partition
 /// until that record's attempt ends, however fast the rest flows.) Bounding the unsettled count
 /// (not the span) is what keeps one slow record from stalling its partition: an attempt hanging
@@ -235,8 +239,69 @@ pub const SPAN_FACTOR: usize = 128;
 pub struct Settlements {
     stage: &'static str,
     trackers: HashMap<Tp, OffsetTracker>,
-    paused: HashSet<Tp>,
+    pauses: Pauses,
     max_window: usize,
+}
+
+/// Why a partition is paused. librdkafka keeps one paused flag per partition, so every reason a
+/// stage has goes through one [`Settlements`], which pauses a partition at its first reason and
+/// resumes it only once none is left: a reason that ends never un-pauses a partition that
+/// another reason still holds (a delay tier's due head never reads past a full window).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PauseReason {
+    /// Its window of unsettled records is full ([`Settlements`]' own flow control).
+    Window,
+    /// The stage takes no more of its records for now: a delay tier partition whose held
+    /// records are due too far ahead, or fill its bounds.
+    Hold,
+}
+
+impl PauseReason {
+    fn bit(self) -> u8 {
+        match self {
+            PauseReason::Window => 1,
+            PauseReason::Hold => 2,
+        }
+    }
+}
+
+/// The reasons each partition is paused for; a partition with none is not paused.
+#[derive(Default)]
+struct Pauses {
+    reasons: HashMap<Tp, u8>,
+}
+
+impl Pauses {
+    fn holds(&self, tp: &Tp, reason: PauseReason) -> bool {
+        self.reasons.get(tp).is_some_and(|r| r & reason.bit() != 0)
+    }
+
+    /// Those of `tps` whose paused state changes when `reason` is set (`on`) or cleared: the
+    /// ones paused for no reason before it is set, or for no other reason once it is cleared.
+    fn flips(&self, tps: &[Tp], reason: PauseReason, on: bool) -> Vec<Tp> {
+        tps.iter()
+            .filter(|tp| {
+                let r = self.reasons.get(*tp).copied().unwrap_or(0);
+                if on { r == 0 } else { r == reason.bit() }
+            })
+            .cloned()
+            .collect()
+    }
+
+    fn set(&mut self, tp: &Tp, reason: PauseReason, on: bool) {
+        if on {
+            *self.reasons.entry(tp.clone()).or_default() |= reason.bit();
+        } else if let Some(r) = self.reasons.get_mut(tp) {
+            *r &= !reason.bit();
+            if *r == 0 {
+                self.reasons.remove(tp);
+            }
+        }
+    }
+
+    fn forget(&mut self, tp: &Tp) {
+        self.reasons.remove(tp);
+    }
 }
 
 impl Settlements {
@@ -245,7 +310,7 @@ impl Settlements {
         Settlements {
             stage,
             trackers: HashMap::new(),
-            paused: HashSet::new(),
+            pauses: Pauses::default(),
             max_window: max_window.max(1),
         }
     }
@@ -289,7 +354,7 @@ impl Settlements {
     pub fn revoke(&mut self, tps: &[Tp]) {
         for tp in tps {
             self.trackers.remove(tp);
-            self.paused.remove(tp);
+            self.pauses.forget(tp);
         }
     }
 
@@ -379,32 +444,59 @@ impl Settlements {
             && tracker.window_len() <= self.max_window.saturating_mul(SPAN_FACTOR - 1)
     }
 
-    /// True when `tp` is full and not paused yet: the caller should run
+    /// True when `tp` is full and not paused for it yet: the caller should run
     /// [`flow_control`](Self::flow_control) now rather than at its next tick, so a burst cannot
     /// overshoot the bound by a tick's worth of records.
     pub fn needs_pause(&self, tp: &Tp) -> bool {
-        !self.paused.contains(tp) && self.trackers.get(tp).is_some_and(|t| self.full(t))
+        !self.pauses.holds(tp, PauseReason::Window)
+            && self.trackers.get(tp).is_some_and(|t| self.full(t))
     }
 
-    /// Pauses partitions that are full and resumes those drained to half.
+    /// Pauses partitions that are full and lets those drained to half go, each resumed unless
+    /// another reason still holds it.
     pub fn flow_control<C: Consumer<StageContext>>(&mut self, consumer: &C) {
         let mut pause = vec![];
         let mut resume = vec![];
         for (tp, tracker) in &self.trackers {
-            if !self.paused.contains(tp) && self.full(tracker) {
+            let paused = self.pauses.holds(tp, PauseReason::Window);
+            if !paused && self.full(tracker) {
                 pause.push(tp.clone());
-            } else if self.paused.contains(tp) && self.drained(tracker) {
+            } else if paused && self.drained(tracker) {
                 resume.push(tp.clone());
             }
         }
-        if !pause.is_empty() && set_paused(consumer, &pause, true).is_ok() {
-            self.paused.extend(pause);
+        // A failure leaves the reasons as they were: the next call asks again.
+        let _ = self.set_pause_reason(consumer, &pause, PauseReason::Window, true);
+        let _ = self.set_pause_reason(consumer, &resume, PauseReason::Window, false);
+    }
+
+    /// Sets (`on`) or clears `reason` for `tps`, pausing each partition that had no reason
+    /// before and resuming each left with none; the others' paused state stays as it is. When
+    /// librdkafka refuses, the partitions it was asked about keep their old reasons.
+    pub fn set_pause_reason<C: Consumer<StageContext>>(
+        &mut self,
+        consumer: &C,
+        tps: &[Tp],
+        reason: PauseReason,
+        on: bool,
+    ) -> rdkafka::error::KafkaResult<()> {
+        let flips = self.pauses.flips(tps, reason, on);
+        let result = set_paused(consumer, &flips, on);
+        if let Err(e) = &result {
+            tracing::warn!(stage = self.stage, paused = on, ?reason, error = %e,
+                "pausing or resuming partitions failed");
         }
-        if !resume.is_empty() && set_paused(consumer, &resume, false).is_ok() {
-            for tp in &resume {
-                self.paused.remove(tp);
+        for tp in tps {
+            if result.is_ok() || !flips.contains(tp) {
+                self.pauses.set(tp, reason, on);
             }
         }
+        result
+    }
+
+    /// Whether `reason` holds `tp` paused.
+    pub fn paused_for(&self, tp: &Tp, reason: PauseReason) -> bool {
+        self.pauses.holds(tp, reason)
     }
 
     /// True when every tracked record is settled.
@@ -531,6 +623,60 @@ mod tests {
         assert!(!drained(&s), "three of four still unsettled");
         s.settle(&tp(), limit + 2);
         assert!(drained(&s));
+    }
+
+    fn tp1() -> Tp {
+        (Arc::from("deliveries"), 1)
+    }
+
+    #[test]
+    fn a_partition_stays_paused_while_any_reason_holds_it() {
+        use PauseReason::{Hold, Window};
+        let mut p = Pauses::default();
+        assert_eq!(
+            p.flips(&[tp()], Hold, true),
+            [tp()],
+            "the first reason pauses"
+        );
+        p.set(&tp(), Hold, true);
+        assert!(
+            p.flips(&[tp()], Window, true).is_empty(),
+            "already paused: a second reason asks librdkafka nothing"
+        );
+        p.set(&tp(), Window, true);
+        assert!(
+            p.flips(&[tp()], Hold, false).is_empty(),
+            "the hold ends, the window still holds it"
+        );
+        p.set(&tp(), Hold, false);
+        assert!(p.holds(&tp(), Window) && !p.holds(&tp(), Hold));
+        assert_eq!(
+            p.flips(&[tp()], Window, false),
+            [tp()],
+            "the last reason resumes"
+        );
+        p.set(&tp(), Window, false);
+        assert!(p.reasons.is_empty());
+
+        // The other way round, and per partition.
+        p.set(&tp(), Window, true);
+        p.set(&tp(), Hold, true);
+        p.set(&tp1(), Window, true);
+        assert_eq!(
+            p.flips(&[tp(), tp1()], Window, false),
+            [tp1()],
+            "tp's window drains while its hold lasts; tp1 has no other reason"
+        );
+    }
+
+    #[test]
+    fn clearing_a_reason_that_does_not_hold_resumes_nothing() {
+        let mut p = Pauses::default();
+        assert!(p.flips(&[tp()], PauseReason::Window, false).is_empty());
+        p.set(&tp(), PauseReason::Hold, true);
+        assert!(p.flips(&[tp()], PauseReason::Window, false).is_empty());
+        p.set(&tp(), PauseReason::Window, false);
+        assert!(p.holds(&tp(), PauseReason::Hold));
     }
 
     #[test]
