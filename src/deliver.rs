@@ -497,6 +497,58 @@ pub fn outgoing(topic: Arc<str>, record: &DeliveryRecord) -> Outgoing {
     }
 }
 
+/// How many records an endpoint that sends `rate` a second may keep queued: what it sends within
+/// `horizon` (the shortest tier's delay), at least one. A record beyond that waits no longer
+/// parked until its turn than it would have in the queue, and holds no place in its partition's
+/// window meanwhile.
+fn queue_room(rate: f64, horizon: Duration) -> usize {
+    // A float-to-int cast saturates: an unmeasurably fast endpoint gets all the room there is.
+    ((rate * horizon.as_secs_f64()).ceil() as usize).max(1)
+}
+
+/// The turns booked for the records of endpoints that send slower than their records arrive:
+/// per endpoint, the next free turn. Records beyond an endpoint's queue room are parked until
+/// their turn, so they come back about when the endpoint can take them.
+#[derive(Default)]
+struct Turns {
+    next: HashMap<EndpointId, SystemTime>,
+}
+
+impl Turns {
+    /// Books the turn of a record of `id` (which sends `rate` records a second) parked at `now`
+    /// behind `queued` records: one interval of the rate after the last turn booked, and no
+    /// sooner than those queued are sent. Returns when the record is due: its turn, or
+    /// `now + horizon` when its turn lies beyond that (the longest tier). Such a record is not
+    /// booked: it books again when it comes back. Booked, it would push every later turn back,
+    /// and the records that came back from the longest tier together would book turns behind
+    /// one another's, so that the endpoint got a few records per round of the longest tier
+    /// rather than its rate.
+    fn book(
+        &mut self,
+        id: &EndpointId,
+        rate: f64,
+        queued: usize,
+        now: SystemTime,
+        horizon: Duration,
+    ) -> SystemTime {
+        let step = Duration::from_secs_f64(1.0 / rate);
+        let after_queue = now + step.mul_f64(queued as f64);
+        let turn = self
+            .next
+            .get(id)
+            .map_or(after_queue, |next| (*next).max(after_queue));
+        let latest = now + horizon;
+        if turn > latest {
+            return latest;
+        }
+        if self.next.len() >= MAX_PLANS {
+            self.next.retain(|_, next| *next > now);
+        }
+        self.next.insert(id.clone(), turn + step);
+        turn
+    }
+}
+
 /// The stage loop's state.
 struct Stage {
     deps: Arc<DeliverDeps>,
@@ -505,9 +557,9 @@ struct Stage {
     lanes: Lanes,
     queues: HashMap<EndpointId, VecDeque<Queued>>,
     plans: HashMap<EndpointId, Arc<SendPlan>>,
-    /// The next free turn of each rate-limited endpoint whose records are parked for their
-    /// turn (see [`Stage::rate_limited_turn`]).
-    turns: HashMap<EndpointId, SystemTime>,
+    /// The turns booked for records parked because their endpoint sends slower than they
+    /// arrive (see [`Stage::rate_limited_turn`]).
+    turns: Turns,
     done_tx: mpsc::UnboundedSender<Done>,
     parks: mpsc::UnboundedSender<(Tp, i64, bool)>,
     tasks: TaskTracker,
@@ -530,7 +582,7 @@ pub async fn run(
         lanes: Lanes::new(deps.lanes),
         queues: HashMap::new(),
         plans: HashMap::new(),
-        turns: HashMap::new(),
+        turns: Turns::default(),
         deps,
         producer,
         done_tx,
@@ -728,29 +780,21 @@ impl Stage {
     }
 
     /// When `endpoint` has a rate limit and its queue (`queued` records) already holds what that
-    /// rate sends within the shortest tier's delay: the time a record arriving now gets its turn,
-    /// booked after those queued and parked before it. The record is parked until then. Held
+    /// rate sends within the shortest tier's delay (see [`queue_room`]): the time a record
+    /// arriving now gets its turn (see [`Turns::book`]). The record is parked until then. Held
     /// here instead, a slow rate's backlog would fill its partition's window (at 1 request a
     /// second, 1,000 records wait 17 minutes), and every endpoint sharing the partition would
-    /// wait behind it. A turn beyond the longest tier comes back with that tier and is booked
-    /// again.
+    /// wait behind it.
     fn rate_limited_turn(&mut self, endpoint: &Endpoint, queued: usize) -> Option<SystemTime> {
         let rate = endpoint.rate_limit_per_s.filter(|r| *r > 0.0)?;
-        let room = (rate * self.deps.tiers.shortest().delay.as_secs_f64()).ceil();
-        if (queued as f64) < room.max(1.0) {
+        if queued < queue_room(rate, self.deps.tiers.shortest().delay) {
             return None;
         }
-        let now = SystemTime::now();
-        let step = Duration::from_secs_f64(1.0 / rate);
-        let after_queue = now + step.mul_f64(queued as f64);
-        if self.turns.len() >= MAX_PLANS {
-            self.turns.retain(|_, turn| *turn > now);
-        }
-        let turn = self.turns.entry(endpoint.id.clone()).or_insert(after_queue);
-        *turn = (*turn).max(after_queue);
-        let due = *turn;
-        *turn += step;
-        Some(due.min(now + self.deps.tiers.longest().delay))
+        let longest = self.deps.tiers.longest().delay;
+        Some(
+            self.turns
+                .book(&endpoint.id, rate, queued, SystemTime::now(), longest),
+        )
     }
 
     fn lane_config(&self, endpoint: &Endpoint) -> LaneConfig {
@@ -1081,6 +1125,70 @@ mod tests {
         async fn replays(&self, limit: u32) -> Result<Vec<ReplayAudit>, StoreError> {
             self.inner.replays(limit).await
         }
+    }
+
+    #[test]
+    fn the_queue_holds_what_the_endpoint_sends_within_the_horizon() {
+        let second = Duration::from_secs(1);
+        assert_eq!(queue_room(2.0, second), 2);
+        assert_eq!(queue_room(2.0, Duration::from_secs(5)), 10);
+        assert_eq!(queue_room(2.5, second), 3, "rounded up");
+        assert_eq!(queue_room(0.1, second), 1, "at least one");
+        assert_eq!(queue_room(f64::INFINITY, second), usize::MAX);
+    }
+
+    #[test]
+    fn turns_follow_the_rate_behind_the_queue() {
+        let mut turns = Turns::default();
+        let (a, b) = (
+            EndpointId::parse("ep_a").unwrap(),
+            EndpointId::parse("ep_b").unwrap(),
+        );
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let s = Duration::from_secs;
+        let horizon = s(60);
+        // 2 a second behind 4 queued: the first turn comes when those 4 are sent, the next ones
+        // half a second apart.
+        let booked: Vec<SystemTime> = (0..3)
+            .map(|_| turns.book(&a, 2.0, 4, now, horizon))
+            .collect();
+        assert_eq!(
+            booked,
+            [now + s(2), now + Duration::from_millis(2_500), now + s(3)]
+        );
+        // Each endpoint has its own turns.
+        assert_eq!(turns.book(&b, 1.0, 1, now, horizon), now + s(1));
+        // A longer queue than the turns booked pushes the next turn behind it.
+        assert_eq!(turns.book(&a, 2.0, 10, now, horizon), now + s(5));
+        assert_eq!(
+            turns.book(&a, 2.0, 1, now, horizon),
+            now + Duration::from_millis(5_500)
+        );
+        // Turns gone by are not handed out again: the next is behind the queue as of now.
+        let later = now + s(100);
+        assert_eq!(turns.book(&a, 2.0, 2, later, horizon), later + s(1));
+    }
+
+    #[test]
+    fn a_turn_beyond_the_horizon_is_not_booked() {
+        let mut turns = Turns::default();
+        let a = EndpointId::parse("ep_a").unwrap();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let s = Duration::from_secs;
+        // 1 a second, a horizon of 5 s: turns at 1..=5 s, then the rest come back at 5 s
+        // without a turn, however many there are.
+        let due: Vec<SystemTime> = (0..8).map(|_| turns.book(&a, 1.0, 1, now, s(5))).collect();
+        let expected: Vec<SystemTime> = [1, 2, 3, 4, 5, 5, 5, 5]
+            .iter()
+            .map(|d| now + s(*d))
+            .collect();
+        assert_eq!(due, expected);
+        // Back at 5 s, they book the turns from 6 s on, one a second: the endpoint's rate, not
+        // a turn after every record sent to the horizon.
+        let back = now + s(5);
+        let due: Vec<SystemTime> = (0..6).map(|_| turns.book(&a, 1.0, 0, back, s(5))).collect();
+        let expected: Vec<SystemTime> = [1, 2, 3, 4, 5, 5].iter().map(|d| back + s(*d)).collect();
+        assert_eq!(due, expected);
     }
 
     /// A receiver on loopback that answers 200 and counts requests.
