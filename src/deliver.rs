@@ -7,7 +7,10 @@
 //! backpressure, nothing parks). Records are parked durably in a delay tier (without spending
 //! retry budget) when the endpoint's breaker is open, or when it is stalled (every request slot
 //! taken and no answer for `stall_after`: a receiver that hangs), so the endpoints sharing its
-//! partition never wait behind it for the HTTP timeout.
+//! partition never wait behind it for the HTTP timeout. An endpoint that answers, but slower
+//! than its records arrive (a rate limit, or few request slots and long answers), keeps queued
+//! only what it sends within the shortest tier; the rest is parked until its turn (see
+//! `Turns`), so its backlog does not fill the partition's window either.
 //!
 //! Settled means: the attempt row is durable in the store AND the follow-up record (a retry in a
 //! delay tier, or the DLQ record) is acknowledged by the broker; or a parked copy is
@@ -558,7 +561,7 @@ struct Stage {
     queues: HashMap<EndpointId, VecDeque<Queued>>,
     plans: HashMap<EndpointId, Arc<SendPlan>>,
     /// The turns booked for records parked because their endpoint sends slower than they
-    /// arrive (see [`Stage::rate_limited_turn`]).
+    /// arrive (see [`Stage::booked_turn`]).
     turns: Turns,
     done_tx: mpsc::UnboundedSender<Done>,
     parks: mpsc::UnboundedSender<(Tp, i64, bool)>,
@@ -575,23 +578,7 @@ pub async fn run(
     deps: Arc<DeliverDeps>,
     shutdown: CancellationToken,
 ) {
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-    let (parks_tx, mut parks_rx) = mpsc::unbounded_channel();
-    let mut stage = Stage {
-        settlements: Settlements::new("deliver", deps.max_window),
-        lanes: Lanes::new(deps.lanes),
-        queues: HashMap::new(),
-        plans: HashMap::new(),
-        turns: Turns::default(),
-        deps,
-        producer,
-        done_tx,
-        parks: parks_tx,
-        tasks: TaskTracker::new(),
-        // Cancelled only when the drain deadline passes: in-flight work keeps going until then.
-        stop: CancellationToken::new(),
-        breakers_open: telemetry::BreakersOpen::default(),
-    };
+    let (mut stage, (mut done_rx, mut parks_rx)) = Stage::new(deps, producer);
     // Each partition gets its own queue and reader, so a backlog is taken a batch per
     // partition in turn (see `intake`); the consumer's own queue still serves rebalances.
     let consumer = Arc::new(consumer);
@@ -688,7 +675,37 @@ impl Intaken {
     }
 }
 
+/// What the stage's attempt tasks report back: their answers and results, and parked records'
+/// acknowledgements (`(partition, offset, acknowledged)`).
+type StageReports = (
+    mpsc::UnboundedReceiver<Done>,
+    mpsc::UnboundedReceiver<(Tp, i64, bool)>,
+);
+
 impl Stage {
+    /// A stage with nothing assigned yet, and the receiving ends of its tasks' reports.
+    fn new(deps: Arc<DeliverDeps>, producer: crate::kafka::Producer) -> (Stage, StageReports) {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let (parks_tx, parks_rx) = mpsc::unbounded_channel();
+        let stage = Stage {
+            settlements: Settlements::new("deliver", deps.max_window),
+            lanes: Lanes::new(deps.lanes),
+            queues: HashMap::new(),
+            plans: HashMap::new(),
+            turns: Turns::default(),
+            deps,
+            producer,
+            done_tx,
+            parks: parks_tx,
+            tasks: TaskTracker::new(),
+            // Cancelled only when the drain deadline passes: in-flight work keeps going until
+            // then.
+            stop: CancellationToken::new(),
+            breakers_open: telemetry::BreakersOpen::default(),
+        };
+        (stage, (done_rx, parks_rx))
+    }
+
     /// Tracks a record taken from `tp` and hands it on, pausing the partition at once when
     /// the record filled it.
     fn take(&mut self, consumer: &StageConsumer, tp: Tp, offset: i64, intaken: Intaken) {
@@ -762,7 +779,7 @@ impl Stage {
             self.park(tp, offset, record, due, ParkReason::LaneFull);
             return;
         }
-        if let Some(due) = self.rate_limited_turn(&endpoint, queued) {
+        if let Some(due) = self.booked_turn(&endpoint, queued) {
             self.park(tp, offset, record, due, ParkReason::LaneFull);
             return;
         }
@@ -779,14 +796,31 @@ impl Stage {
         self.dispatch(&id);
     }
 
-    /// When `endpoint` has a rate limit and its queue (`queued` records) already holds what that
-    /// rate sends within the shortest tier's delay (see [`queue_room`]): the time a record
+    /// How many records a second `endpoint` sends: its rate limit, or what its lane completes at
+    /// its concurrency limit and recent answer time, whichever is lower. `None` when neither is
+    /// known (no rate limit, and no answer yet).
+    fn send_rate(&self, endpoint: &Endpoint) -> Option<f64> {
+        let limit = endpoint.rate_limit_per_s.filter(|r| *r > 0.0);
+        let completes = self.lanes.throughput(&endpoint.id);
+        match (limit, completes) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// When `endpoint`'s queue (`queued` records) already holds what it sends within the
+    /// shortest tier's delay (see [`Stage::send_rate`] and [`queue_room`]): the time a record
     /// arriving now gets its turn (see [`Turns::book`]). The record is parked until then. Held
-    /// here instead, a slow rate's backlog would fill its partition's window (at 1 request a
-    /// second, 1,000 records wait 17 minutes), and every endpoint sharing the partition would
-    /// wait behind it.
-    fn rate_limited_turn(&mut self, endpoint: &Endpoint, queued: usize) -> Option<SystemTime> {
-        let rate = endpoint.rate_limit_per_s.filter(|r| *r > 0.0)?;
+    /// here instead, a slow endpoint's backlog would fill its partition's window (at 1 request
+    /// a second, 1,000 records wait 17 minutes), and every endpoint sharing the partition would
+    /// wait behind it. An endpoint whose send rate is not known yet queues up to `lane_queue`;
+    /// [`Stage::shed_excess`] parks the surplus once its first answer gives it a rate.
+    fn booked_turn(&mut self, endpoint: &Endpoint, queued: usize) -> Option<SystemTime> {
+        // The room is at least one record: an empty queue takes it without a look at the rate.
+        if queued == 0 {
+            return None;
+        }
+        let rate = self.send_rate(endpoint)?;
         if queued < queue_room(rate, self.deps.tiers.shortest().delay) {
             return None;
         }
@@ -795,6 +829,35 @@ impl Stage {
             self.turns
                 .book(&endpoint.id, rate, queued, SystemTime::now(), longest),
         )
+    }
+
+    /// Parks what `id`'s queue holds beyond what the endpoint sends within the shortest tier,
+    /// each record until its turn. Records queued before the endpoint's first answer (when its
+    /// send rate was not known), or while it answered faster, would otherwise stay and hold
+    /// their partition's window until the endpoint got through them.
+    fn shed_excess(&mut self, id: &EndpointId) {
+        let Some(endpoint) = self
+            .queues
+            .get(id)
+            .and_then(|q| q.front())
+            .map(|front| front.endpoint.clone())
+        else {
+            return;
+        };
+        let Some(rate) = self.send_rate(&endpoint) else {
+            return;
+        };
+        let room = queue_room(rate, self.deps.tiers.shortest().delay);
+        let Some(queue) = self.queues.get_mut(id).filter(|q| q.len() > room) else {
+            return;
+        };
+        let excess = queue.split_off(room);
+        let longest = self.deps.tiers.longest().delay;
+        let now = SystemTime::now();
+        for q in excess {
+            let due = self.turns.book(id, rate, room, now, longest);
+            self.park(q.tp, q.offset, q.record, due, ParkReason::LaneFull);
+        }
     }
 
     fn lane_config(&self, endpoint: &Endpoint) -> LaneConfig {
@@ -1056,10 +1119,12 @@ impl Stage {
     fn on_tick(&mut self, consumer: &StageConsumer, intake: &mut Intake<Intaken>) {
         self.sync(consumer, intake);
         // Rate-limited lanes get another chance each tick; stalled ones give their queue up.
+        // Slow ones give up what they cannot send soon.
         let waiting: Vec<EndpointId> = self.queues.keys().cloned().collect();
         for id in waiting {
             if self.park_if_stalled(&id).is_none() {
                 self.dispatch(&id);
+                self.shed_excess(&id);
             }
         }
         self.lanes.evict_idle(tokio::time::Instant::now());
@@ -1073,6 +1138,7 @@ impl Stage {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use async_trait::async_trait;
@@ -1208,54 +1274,79 @@ mod tests {
         (format!("http://{addr}/hook"), hits)
     }
 
-    #[tokio::test]
-    async fn the_lane_slot_is_given_back_before_the_attempt_is_logged() {
-        let (url, hits) = receiver().await;
-        let config = Config::dev_defaults();
-        let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
+    /// An endpoint of tenant `acme` at `url`, written to `endpoints`.
+    async fn endpoint_at(
+        endpoints: &MemoryEndpointStore,
+        url: String,
+        max_in_flight: u32,
+    ) -> Arc<Endpoint> {
         let created = Endpoint::create(
             CreateEndpoint {
                 tenant: Tenant::parse("acme").unwrap(),
                 url,
                 event_types: vec!["*".into()],
-                max_in_flight: Some(1),
+                max_in_flight: Some(max_in_flight),
                 rate_limit_per_s: None,
                 secret: None,
             },
             SystemTime::now(),
         )
         .unwrap();
-        let endpoint = endpoints.put(&created).await.unwrap();
-        let store = Arc::new(GatedStore {
-            inner: MemoryStore::with_capacity(16),
-            gate: Semaphore::new(0),
-        });
-        let deps = Arc::new(DeliverDeps {
+        endpoints.put(&created).await.unwrap()
+    }
+
+    /// The stage's dependencies on `endpoints` and `store`, with delay tiers `tiers` (topics
+    /// `t.retry.<tier>`). Queues hold up to 100 records; nothing stalls within 30 s.
+    fn deps_on(
+        endpoints: &Arc<MemoryEndpointStore>,
+        store: Arc<dyn DeliveryStore>,
+        tiers: &[Duration],
+    ) -> DeliverDeps {
+        let config = Config::dev_defaults();
+        DeliverDeps {
             endpoints: endpoints.view().clone(),
             endpoint_writer: endpoints.clone(),
-            store: store.clone(),
+            store,
             sender: crate::service::sender(&config).unwrap(),
             policy: config.retry.policy(),
-            tiers: Arc::new(Tiers::new("t.retry.", &config.retry.tiers)),
+            tiers: Arc::new(Tiers::new("t.retry.", tiers)),
             dlq_topic: Arc::from("t.dlq"),
             invalid_topic: Arc::from("t.invalid"),
             lanes: LanesConfig::default(),
             default_max_in_flight: 1,
-            max_window: 10,
-            lane_queue: 10,
-            stall_after: Duration::from_secs(1),
+            max_window: 100,
+            lane_queue: 100,
+            stall_after: Duration::from_secs(30),
             stalled_wait: Duration::from_secs(15),
             drain_deadline: Duration::from_secs(20),
-        });
-        let record = DeliveryRecord::new(
-            EventId::parse("evt_1").unwrap(),
+        }
+    }
+
+    /// A delivery of event `event` to `endpoint`.
+    fn delivery_to(endpoint: &Endpoint, event: &str) -> DeliveryRecord {
+        DeliveryRecord::new(
+            EventId::parse(event).unwrap(),
             endpoint.id.clone(),
             endpoint.tenant.clone(),
             EventType::parse("order.created").unwrap(),
             UnixMillis::from(SystemTime::now()),
             None,
             Bytes::from_static(b"{}"),
-        );
+        )
+    }
+
+    #[tokio::test]
+    async fn the_lane_slot_is_given_back_before_the_attempt_is_logged() {
+        let (url, hits) = receiver().await;
+        let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
+        let endpoint = endpoint_at(&endpoints, url, 1).await;
+        let store = Arc::new(GatedStore {
+            inner: MemoryStore::with_capacity(16),
+            gate: Semaphore::new(0),
+        });
+        let tiers = Config::dev_defaults().retry.tiers;
+        let deps = Arc::new(deps_on(&endpoints, store.clone(), &tiers));
+        let record = delivery_to(&endpoint, "evt_1");
         let delivery = record.delivery_id.clone();
         let plan = SendPlan::build(&endpoint, SystemTime::now());
         let (answered_tx, answered_rx) = oneshot::channel();
@@ -1287,6 +1378,77 @@ mod tests {
         let report = attempt.await.unwrap().expect("logged and reported");
         assert!(report.follow_up.is_none());
         assert_eq!(store.inner.attempts(&delivery).await.unwrap().len(), 1);
+    }
+
+    /// A slow endpoint's queue, filled before its first answer told its rate, is cut to what it
+    /// sends within the shortest tier once the rate is known; the rest is parked and settles
+    /// once the tier has it, and so is a record arriving after. The endpoint's lane is kept full
+    /// by hand, so nothing is sent.
+    // The mock cluster is not Send: current-thread runtime.
+    #[tokio::test]
+    async fn a_slow_endpoints_queue_is_cut_to_what_it_sends_within_the_shortest_tier() {
+        use rdkafka::mocking::MockCluster;
+
+        let mock = MockCluster::new(1).unwrap();
+        let s = Duration::from_secs;
+        let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
+        let endpoint = endpoint_at(&endpoints, "http://127.0.0.1:9/hook".into(), 2).await;
+        let deps = Arc::new(deps_on(
+            &endpoints,
+            Arc::new(MemoryStore::with_capacity(16)),
+            &[s(1), s(5)],
+        ));
+        for tier in deps.tiers.all() {
+            mock.create_topic(&tier.topic, 1, 1).unwrap();
+        }
+        let producer: crate::kafka::Producer =
+            crate::kafka::producer_config(&mock.bootstrap_servers(), &Default::default())
+                .create_with_context(crate::kafka::ProducerLog::default())
+                .unwrap();
+        let (mut stage, (_done_rx, mut parks_rx)) = Stage::new(deps, producer);
+        let id = endpoint.id.clone();
+        let tp: Tp = (Arc::from("t.deliveries"), 0);
+        let take = |stage: &mut Stage, offset: i64| {
+            let record = delivery_to(&endpoint, &format!("evt_{offset}"));
+            stage.on_record(tp.clone(), offset, Ok(record), None);
+        };
+        // Both request slots taken, as by two requests in flight.
+        let cfg = stage.lane_config(&endpoint);
+        let t0 = tokio::time::Instant::now();
+        let first = stage.lanes.try_acquire(&id, cfg, t0).unwrap();
+        let _second = stage.lanes.try_acquire(&id, cfg, t0).unwrap();
+        // Before its first answer the endpoint's rate is unknown: 20 records queue.
+        for offset in 0..20 {
+            take(&mut stage, offset);
+        }
+        assert_eq!(stage.queues[&id].len(), 20);
+        stage.shed_excess(&id);
+        assert_eq!(stage.queues[&id].len(), 20, "nothing to go by yet");
+
+        // One answer after 1 s, its slot taken again: 2 slots of 1 s send 2 a second, and the
+        // shortest tier (1 s) holds 2.
+        stage
+            .lanes
+            .release(first, Some(breaker::Outcome::Healthy), t0 + s(1));
+        let _third = stage.lanes.try_acquire(&id, cfg, t0 + s(1)).unwrap();
+        assert_eq!(stage.lanes.throughput(&id), Some(2.0));
+        stage.shed_excess(&id);
+        let queued: Vec<i64> = stage.queues[&id].iter().map(|q| q.offset).collect();
+        assert_eq!(queued, [0, 1], "the oldest stay");
+        // A record arriving now is parked too: the queue stays at 2.
+        take(&mut stage, 20);
+        assert_eq!(stage.queues[&id].len(), 2);
+
+        let mut parked = BTreeSet::new();
+        while parked.len() < 19 {
+            let (_, offset, acked) = tokio::time::timeout(s(20), parks_rx.recv())
+                .await
+                .expect("every parked record acknowledged within 20 s")
+                .unwrap();
+            assert!(acked);
+            assert!(parked.insert(offset), "offset {offset} parked twice");
+        }
+        assert_eq!(parked, (2..=20).collect());
     }
 
     /// The DLQ write of a dead letter is refused for a while: the dead letter is logged and
