@@ -7,7 +7,10 @@
 //! backpressure, nothing parks). Records are parked durably in a delay tier (without spending
 //! retry budget) when the endpoint's breaker is open, or when it is stalled (every request slot
 //! taken and no answer for `stall_after`: a receiver that hangs), so the endpoints sharing its
-//! partition never wait behind it for the HTTP timeout.
+//! partition never wait behind it for the HTTP timeout. An endpoint that answers, but slower
+//! than its records arrive (a rate limit, or few request slots and long answers), keeps queued
+//! only what it sends within the shortest tier; the rest is parked until its turn (see
+//! `Turns`), so its backlog does not fill the partition's window either.
 //!
 //! Settled means: the attempt row is durable in the store AND the follow-up record (a retry in a
 //! delay tier, or the DLQ record) is acknowledged by the broker; or a parked copy is
@@ -547,6 +550,58 @@ pub fn outgoing(topic: Arc<str>, record: &DeliveryRecord) -> Outgoing {
     }
 }
 
+/// How many records an endpoint that sends `rate` a second may keep queued: what it sends within
+/// `horizon` (the shortest tier's delay), at least one. A record beyond that waits no longer
+/// parked until its turn than it would have in the queue, and holds no place in its partition's
+/// window meanwhile.
+fn queue_room(rate: f64, horizon: Duration) -> usize {
+    // A float-to-int cast saturates: an unmeasurably fast endpoint gets all the room there is.
+    ((rate * horizon.as_secs_f64()).ceil() as usize).max(1)
+}
+
+/// The turns booked for the records of endpoints that send slower than their records arrive:
+/// per endpoint, the next free turn. Records beyond an endpoint's queue room are parked until
+/// their turn, so they come back about when the endpoint can take them.
+#[derive(Default)]
+struct Turns {
+    next: HashMap<EndpointId, SystemTime>,
+}
+
+impl Turns {
+    /// Books the turn of a record of `id` (which sends `rate` records a second) parked at `now`
+    /// behind `queued` records: one interval of the rate after the last turn booked, and no
+    /// sooner than those queued are sent. Returns when the record is due: its turn, or
+    /// `now + horizon` when its turn lies beyond that (the longest tier). Such a record is not
+    /// booked: it books again when it comes back. Booked, it would push every later turn back,
+    /// and the records that came back from the longest tier together would book turns behind
+    /// one another's, so that the endpoint got a few records per round of the longest tier
+    /// rather than its rate.
+    fn book(
+        &mut self,
+        id: &EndpointId,
+        rate: f64,
+        queued: usize,
+        now: SystemTime,
+        horizon: Duration,
+    ) -> SystemTime {
+        let step = Duration::from_secs_f64(1.0 / rate);
+        let after_queue = now + step.mul_f64(queued as f64);
+        let turn = self
+            .next
+            .get(id)
+            .map_or(after_queue, |next| (*next).max(after_queue));
+        let latest = now + horizon;
+        if turn > latest {
+            return latest;
+        }
+        if self.next.len() >= MAX_PLANS {
+            self.next.retain(|_, next| *next > now);
+        }
+        self.next.insert(id.clone(), turn + step);
+        turn
+    }
+}
+
 /// The stage loop's state.
 struct Stage {
     deps: Arc<DeliverDeps>,
@@ -555,9 +610,9 @@ struct Stage {
     lanes: Lanes,
     queues: HashMap<EndpointId, VecDeque<Queued>>,
     plans: HashMap<EndpointId, Arc<SendPlan>>,
-    /// The next free turn of each rate-limited endpoint whose records are parked for their
-    /// turn (see [`Stage::rate_limited_turn`]).
-    turns: HashMap<EndpointId, SystemTime>,
+    /// The turns booked for records parked because their endpoint sends slower than they
+    /// arrive (see [`Stage::booked_turn`]).
+    turns: Turns,
     /// When this stage first met a delivery for each endpoint its view lacks or has disabled
     /// (see [`Stage::view_may_be_behind`]).
     unusable_since: HashMap<EndpointId, SystemTime>,
@@ -584,25 +639,7 @@ pub async fn run(
     deps: Arc<DeliverDeps>,
     shutdown: CancellationToken,
 ) {
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-    let (parks_tx, mut parks_rx) = mpsc::unbounded_channel();
-    let mut stage = Stage {
-        settlements: Settlements::new("deliver", deps.max_window),
-        lanes: Lanes::new(deps.lanes),
-        queues: HashMap::new(),
-        plans: HashMap::new(),
-        turns: HashMap::new(),
-        unusable_since: HashMap::new(),
-        deps,
-        producer,
-        done_tx,
-        parks: parks_tx,
-        tasks: TaskTracker::new(),
-        // Cancelled only when the drain deadline passes: in-flight work keeps going until then.
-        stop: CancellationToken::new(),
-        broken: CancellationToken::new(),
-        breakers_open: telemetry::BreakersOpen::default(),
-    };
+    let (mut stage, (mut done_rx, mut parks_rx)) = Stage::new(deps, producer);
     // Each partition gets its own queue and reader, so a backlog is taken a batch per
     // partition in turn (see `intake`); the consumer's own queue still serves rebalances.
     let consumer = Arc::new(consumer);
@@ -700,7 +737,39 @@ impl Intaken {
     }
 }
 
+/// What the stage's attempt tasks report back: their answers and results, and parked records'
+/// acknowledgements (`(partition, offset, acknowledged)`).
+type StageReports = (
+    mpsc::UnboundedReceiver<Done>,
+    mpsc::UnboundedReceiver<(Tp, i64, bool)>,
+);
+
 impl Stage {
+    /// A stage with nothing assigned yet, and the receiving ends of its tasks' reports.
+    fn new(deps: Arc<DeliverDeps>, producer: crate::kafka::Producer) -> (Stage, StageReports) {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let (parks_tx, parks_rx) = mpsc::unbounded_channel();
+        let stage = Stage {
+            settlements: Settlements::new("deliver", deps.max_window),
+            lanes: Lanes::new(deps.lanes),
+            queues: HashMap::new(),
+            plans: HashMap::new(),
+            turns: Turns::default(),
+            unusable_since: HashMap::new(),
+            deps,
+            producer,
+            done_tx,
+            parks: parks_tx,
+            tasks: TaskTracker::new(),
+            // Cancelled only when the drain deadline passes: in-flight work keeps going until
+            // then.
+            stop: CancellationToken::new(),
+            broken: CancellationToken::new(),
+            breakers_open: telemetry::BreakersOpen::default(),
+        };
+        (stage, (done_rx, parks_rx))
+    }
+
     /// Tracks a record taken from `tp` and hands it on, pausing the partition at once when
     /// the record filled it.
     fn take(&mut self, consumer: &StageConsumer, tp: Tp, offset: i64, intaken: Intaken) {
@@ -784,7 +853,7 @@ impl Stage {
             self.park(tp, offset, record, due, ParkReason::LaneFull);
             return;
         }
-        if let Some(due) = self.rate_limited_turn(&endpoint, queued) {
+        if let Some(due) = self.booked_turn(&endpoint, queued) {
             self.park(tp, offset, record, due, ParkReason::LaneFull);
             return;
         }
@@ -824,30 +893,68 @@ impl Stage {
         true
     }
 
-    /// When `endpoint` has a rate limit and its queue (`queued` records) already holds what that
-    /// rate sends within the shortest tier's delay: the time a record arriving now gets its turn,
-    /// booked after those queued and parked before it. The record is parked until then. Held
-    /// here instead, a slow rate's backlog would fill its partition's window (at 1 request a
-    /// second, 1,000 records wait 17 minutes), and every endpoint sharing the partition would
-    /// wait behind it. A turn beyond the longest tier comes back with that tier and is booked
-    /// again.
-    fn rate_limited_turn(&mut self, endpoint: &Endpoint, queued: usize) -> Option<SystemTime> {
-        let rate = endpoint.rate_limit_per_s.filter(|r| *r > 0.0)?;
-        let room = (rate * self.deps.tiers.shortest().delay.as_secs_f64()).ceil();
-        if (queued as f64) < room.max(1.0) {
+    /// How many records a second `endpoint` sends: its rate limit, or what its lane completes at
+    /// its concurrency limit and recent answer time, whichever is lower. `None` when neither is
+    /// known (no rate limit, and no answer yet).
+    fn send_rate(&self, endpoint: &Endpoint) -> Option<f64> {
+        let limit = endpoint.rate_limit_per_s.filter(|r| *r > 0.0);
+        let completes = self.lanes.throughput(&endpoint.id);
+        match (limit, completes) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// When `endpoint`'s queue (`queued` records) already holds what it sends within the
+    /// shortest tier's delay (see [`Stage::send_rate`] and [`queue_room`]): the time a record
+    /// arriving now gets its turn (see [`Turns::book`]). The record is parked until then. Held
+    /// here instead, a slow endpoint's backlog would fill its partition's window (at 1 request
+    /// a second, 1,000 records wait 17 minutes), and every endpoint sharing the partition would
+    /// wait behind it. An endpoint whose send rate is not known yet queues up to `lane_queue`;
+    /// [`Stage::shed_excess`] parks the surplus once its first answer gives it a rate.
+    fn booked_turn(&mut self, endpoint: &Endpoint, queued: usize) -> Option<SystemTime> {
+        // The room is at least one record: an empty queue takes it without a look at the rate.
+        if queued == 0 {
             return None;
         }
-        let now = SystemTime::now();
-        let step = Duration::from_secs_f64(1.0 / rate);
-        let after_queue = now + step.mul_f64(queued as f64);
-        if self.turns.len() >= MAX_PLANS {
-            self.turns.retain(|_, turn| *turn > now);
+        let rate = self.send_rate(endpoint)?;
+        if queued < queue_room(rate, self.deps.tiers.shortest().delay) {
+            return None;
         }
-        let turn = self.turns.entry(endpoint.id.clone()).or_insert(after_queue);
-        *turn = (*turn).max(after_queue);
-        let due = *turn;
-        *turn += step;
-        Some(due.min(now + self.deps.tiers.longest().delay))
+        let longest = self.deps.tiers.longest().delay;
+        Some(
+            self.turns
+                .book(&endpoint.id, rate, queued, SystemTime::now(), longest),
+        )
+    }
+
+    /// Parks what `id`'s queue holds beyond what the endpoint sends within the shortest tier,
+    /// each record until its turn. Records queued before the endpoint's first answer (when its
+    /// send rate was not known), or while it answered faster, would otherwise stay and hold
+    /// their partition's window until the endpoint got through them.
+    fn shed_excess(&mut self, id: &EndpointId) {
+        let Some(endpoint) = self
+            .queues
+            .get(id)
+            .and_then(|q| q.front())
+            .map(|front| front.endpoint.clone())
+        else {
+            return;
+        };
+        let Some(rate) = self.send_rate(&endpoint) else {
+            return;
+        };
+        let room = queue_room(rate, self.deps.tiers.shortest().delay);
+        let Some(queue) = self.queues.get_mut(id).filter(|q| q.len() > room) else {
+            return;
+        };
+        let excess = queue.split_off(room);
+        let longest = self.deps.tiers.longest().delay;
+        let now = SystemTime::now();
+        for q in excess {
+            let due = self.turns.book(id, rate, room, now, longest);
+            self.park(q.tp, q.offset, q.record, due, ParkReason::LaneFull);
+        }
     }
 
     fn lane_config(&self, endpoint: &Endpoint) -> LaneConfig {
@@ -1187,10 +1294,12 @@ impl Stage {
     fn on_tick(&mut self, consumer: &StageConsumer, intake: &mut Intake<Intaken>) {
         self.sync(consumer, intake);
         // Rate-limited lanes get another chance each tick; stalled ones give their queue up.
+        // Slow ones give up what they cannot send soon.
         let waiting: Vec<EndpointId> = self.queues.keys().cloned().collect();
         for id in waiting {
             if self.park_if_stalled(&id).is_none() {
                 self.dispatch(&id);
+                self.shed_excess(&id);
             }
         }
         self.lanes.evict_idle(tokio::time::Instant::now());
@@ -1204,6 +1313,7 @@ impl Stage {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use async_trait::async_trait;
@@ -1281,6 +1391,70 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_queue_holds_what_the_endpoint_sends_within_the_horizon() {
+        let second = Duration::from_secs(1);
+        assert_eq!(queue_room(2.0, second), 2);
+        assert_eq!(queue_room(2.0, Duration::from_secs(5)), 10);
+        assert_eq!(queue_room(2.5, second), 3, "rounded up");
+        assert_eq!(queue_room(0.1, second), 1, "at least one");
+        assert_eq!(queue_room(f64::INFINITY, second), usize::MAX);
+    }
+
+    #[test]
+    fn turns_follow_the_rate_behind_the_queue() {
+        let mut turns = Turns::default();
+        let (a, b) = (
+            EndpointId::parse("ep_a").unwrap(),
+            EndpointId::parse("ep_b").unwrap(),
+        );
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let s = Duration::from_secs;
+        let horizon = s(60);
+        // 2 a second behind 4 queued: the first turn comes when those 4 are sent, the next ones
+        // half a second apart.
+        let booked: Vec<SystemTime> = (0..3)
+            .map(|_| turns.book(&a, 2.0, 4, now, horizon))
+            .collect();
+        assert_eq!(
+            booked,
+            [now + s(2), now + Duration::from_millis(2_500), now + s(3)]
+        );
+        // Each endpoint has its own turns.
+        assert_eq!(turns.book(&b, 1.0, 1, now, horizon), now + s(1));
+        // A longer queue than the turns booked pushes the next turn behind it.
+        assert_eq!(turns.book(&a, 2.0, 10, now, horizon), now + s(5));
+        assert_eq!(
+            turns.book(&a, 2.0, 1, now, horizon),
+            now + Duration::from_millis(5_500)
+        );
+        // Turns gone by are not handed out again: the next is behind the queue as of now.
+        let later = now + s(100);
+        assert_eq!(turns.book(&a, 2.0, 2, later, horizon), later + s(1));
+    }
+
+    #[test]
+    fn a_turn_beyond_the_horizon_is_not_booked() {
+        let mut turns = Turns::default();
+        let a = EndpointId::parse("ep_a").unwrap();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let s = Duration::from_secs;
+        // 1 a second, a horizon of 5 s: turns at 1..=5 s, then the rest come back at 5 s
+        // without a turn, however many there are.
+        let due: Vec<SystemTime> = (0..8).map(|_| turns.book(&a, 1.0, 1, now, s(5))).collect();
+        let expected: Vec<SystemTime> = [1, 2, 3, 4, 5, 5, 5, 5]
+            .iter()
+            .map(|d| now + s(*d))
+            .collect();
+        assert_eq!(due, expected);
+        // Back at 5 s, they book the turns from 6 s on, one a second: the endpoint's rate, not
+        // a turn after every record sent to the horizon.
+        let back = now + s(5);
+        let due: Vec<SystemTime> = (0..6).map(|_| turns.book(&a, 1.0, 0, back, s(5))).collect();
+        let expected: Vec<SystemTime> = [1, 2, 3, 4, 5, 5].iter().map(|d| back + s(*d)).collect();
+        assert_eq!(due, expected);
+    }
+
     /// A receiver on loopback that answers 200 and counts requests.
     async fn receiver() -> (String, Arc<AtomicU64>) {
         let hits = Arc::new(AtomicU64::new(0));
@@ -1304,45 +1478,64 @@ mod tests {
         url: String,
         store: Arc<dyn DeliveryStore>,
     ) -> (Arc<Endpoint>, Arc<DeliverDeps>) {
-        let config = Config::dev_defaults();
         let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
+        let endpoint = endpoint_at(&endpoints, url, 1).await;
+        let tiers = Config::dev_defaults().retry.tiers;
+        (endpoint, Arc::new(deps_on(&endpoints, store, &tiers)))
+    }
+
+    /// An endpoint of tenant `acme` at `url`, written to `endpoints`.
+    async fn endpoint_at(
+        endpoints: &MemoryEndpointStore,
+        url: String,
+        max_in_flight: u32,
+    ) -> Arc<Endpoint> {
         let created = Endpoint::create(
             CreateEndpoint {
                 tenant: Tenant::parse("acme").unwrap(),
                 url,
                 event_types: vec!["*".into()],
-                max_in_flight: Some(1),
+                max_in_flight: Some(max_in_flight),
                 rate_limit_per_s: None,
                 secret: None,
             },
             SystemTime::now(),
         )
         .unwrap();
-        let endpoint = endpoints.put(&created).await.unwrap();
-        let deps = Arc::new(DeliverDeps {
+        endpoints.put(&created).await.unwrap()
+    }
+
+    /// The stage's dependencies on `endpoints` and `store`, with delay tiers `tiers` (topics
+    /// `t.retry.<tier>`). Queues hold up to 100 records; nothing stalls within 30 s.
+    fn deps_on(
+        endpoints: &Arc<MemoryEndpointStore>,
+        store: Arc<dyn DeliveryStore>,
+        tiers: &[Duration],
+    ) -> DeliverDeps {
+        let config = Config::dev_defaults();
+        DeliverDeps {
             endpoints: endpoints.view().clone(),
             endpoint_writer: endpoints.clone(),
             store,
             sender: crate::service::sender(&config).unwrap(),
             policy: config.retry.policy(),
-            tiers: Arc::new(Tiers::new("t.retry.", &config.retry.tiers)),
+            tiers: Arc::new(Tiers::new("t.retry.", tiers)),
             dlq_topic: Arc::from("t.dlq"),
             invalid_topic: Arc::from("t.invalid"),
             lanes: LanesConfig::default(),
             default_max_in_flight: 1,
-            max_window: 10,
-            lane_queue: 10,
-            stall_after: Duration::from_secs(1),
+            max_window: 100,
+            lane_queue: 100,
+            stall_after: Duration::from_secs(30),
             stalled_wait: Duration::from_secs(15),
             drain_deadline: Duration::from_secs(20),
-        });
-        (endpoint, deps)
+        }
     }
 
-    /// Event `evt_<n>` for `endpoint_id`.
-    fn delivery_for(endpoint_id: &EndpointId, n: u32) -> DeliveryRecord {
+    /// A delivery of event `event` to `endpoint_id`, of tenant `acme`.
+    fn delivery_for(endpoint_id: &EndpointId, event: &str) -> DeliveryRecord {
         DeliveryRecord::new(
-            EventId::parse(format!("evt_{n}")).unwrap(),
+            EventId::parse(event).unwrap(),
             endpoint_id.clone(),
             Tenant::parse("acme").unwrap(),
             EventType::parse("order.created").unwrap(),
@@ -1357,7 +1550,7 @@ mod tests {
         let (url, hits) = receiver().await;
         let store = FaultyStore::new(Fault::Gate(Semaphore::new(0)));
         let (endpoint, deps) = one_at_a_time(url, store.clone()).await;
-        let record = delivery_for(&endpoint.id, 1);
+        let record = delivery_for(&endpoint.id, "evt_1");
         let delivery = record.delivery_id.clone();
         let plan = SendPlan::build(&endpoint, SystemTime::now());
         let (answered_tx, answered_rx) = oneshot::channel();
@@ -1392,6 +1585,77 @@ mod tests {
         let report = attempt.await.unwrap().expect("logged and reported");
         assert!(report.follow_up.is_none());
         assert_eq!(store.inner.attempts(&delivery).await.unwrap().len(), 1);
+    }
+
+    /// A slow endpoint's queue, filled before its first answer told its rate, is cut to what it
+    /// sends within the shortest tier once the rate is known; the rest is parked and settles
+    /// once the tier has it, and so is a record arriving after. The endpoint's lane is kept full
+    /// by hand, so nothing is sent.
+    // The mock cluster is not Send: current-thread runtime.
+    #[tokio::test]
+    async fn a_slow_endpoints_queue_is_cut_to_what_it_sends_within_the_shortest_tier() {
+        use rdkafka::mocking::MockCluster;
+
+        let mock = MockCluster::new(1).unwrap();
+        let s = Duration::from_secs;
+        let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
+        let endpoint = endpoint_at(&endpoints, "http://127.0.0.1:9/hook".into(), 2).await;
+        let deps = Arc::new(deps_on(
+            &endpoints,
+            Arc::new(MemoryStore::with_capacity(16)),
+            &[s(1), s(5)],
+        ));
+        for tier in deps.tiers.all() {
+            mock.create_topic(&tier.topic, 1, 1).unwrap();
+        }
+        let producer: crate::kafka::Producer =
+            crate::kafka::producer_config(&mock.bootstrap_servers(), &Default::default())
+                .create_with_context(crate::kafka::ProducerLog::default())
+                .unwrap();
+        let (mut stage, (_done_rx, mut parks_rx)) = Stage::new(deps, producer);
+        let id = endpoint.id.clone();
+        let tp: Tp = (Arc::from("t.deliveries"), 0);
+        let take = |stage: &mut Stage, offset: i64| {
+            let record = delivery_for(&endpoint.id, &format!("evt_{offset}"));
+            stage.on_record(tp.clone(), offset, Ok(record), None);
+        };
+        // Both request slots taken, as by two requests in flight.
+        let cfg = stage.lane_config(&endpoint);
+        let t0 = tokio::time::Instant::now();
+        let first = stage.lanes.try_acquire(&id, cfg, t0).unwrap();
+        let _second = stage.lanes.try_acquire(&id, cfg, t0).unwrap();
+        // Before its first answer the endpoint's rate is unknown: 20 records queue.
+        for offset in 0..20 {
+            take(&mut stage, offset);
+        }
+        assert_eq!(stage.queues[&id].len(), 20);
+        stage.shed_excess(&id);
+        assert_eq!(stage.queues[&id].len(), 20, "nothing to go by yet");
+
+        // One answer after 1 s, its slot taken again: 2 slots of 1 s send 2 a second, and the
+        // shortest tier (1 s) holds 2.
+        stage
+            .lanes
+            .release(first, Some(breaker::Outcome::Healthy), t0 + s(1));
+        let _third = stage.lanes.try_acquire(&id, cfg, t0 + s(1)).unwrap();
+        assert_eq!(stage.lanes.throughput(&id), Some(2.0));
+        stage.shed_excess(&id);
+        let queued: Vec<i64> = stage.queues[&id].iter().map(|q| q.offset).collect();
+        assert_eq!(queued, [0, 1], "the oldest stay");
+        // A record arriving now is parked too: the queue stays at 2.
+        take(&mut stage, 20);
+        assert_eq!(stage.queues[&id].len(), 2);
+
+        let mut parked = BTreeSet::new();
+        while parked.len() < 19 {
+            let (_, offset, acked) = tokio::time::timeout(s(20), parks_rx.recv())
+                .await
+                .expect("every parked record acknowledged within 20 s")
+                .unwrap();
+            assert!(acked);
+            assert!(parked.insert(offset), "offset {offset} parked twice");
+        }
+        assert_eq!(parked, (2..=20).collect());
     }
 
     /// The DLQ write of a dead letter is refused for a while: the dead letter is logged and
@@ -1630,7 +1894,10 @@ mod tests {
         let (url, hits) = receiver().await;
         let store = FaultyStore::new(Fault::Panic(EventId::parse("evt_1").unwrap()));
         let (endpoint, deps) = one_at_a_time(url, store.clone()).await;
-        let records = [delivery_for(&endpoint.id, 1), delivery_for(&endpoint.id, 2)];
+        let records = [
+            delivery_for(&endpoint.id, "evt_1"),
+            delivery_for(&endpoint.id, "evt_2"),
+        ];
         let (panics, delivered) = (&records[0].delivery_id, &records[1].delivery_id);
         let shortest = deps.tiers.shortest().topic.clone();
         let rig = Rig::start(deps, &records).await;
@@ -1662,7 +1929,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_panicking_dead_letter_stops_the_stage_with_its_offset_unsettled() {
         let gone = EndpointId::parse("ep_gone").unwrap();
-        let record = delivery_for(&gone, 1);
+        let record = delivery_for(&gone, "evt_1");
         let store = FaultyStore::new(Fault::Panic(record.event_id.clone()));
         let (_, deps) = one_at_a_time("http://127.0.0.1:9/".into(), store).await;
         let mut rig = Rig::start(deps, &[record]).await;

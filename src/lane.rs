@@ -15,7 +15,9 @@
 //! bounded by construction, however slow the endpoint.
 //!
 //! [`Lanes`] owns a lane and a [`Breaker`] per endpoint for one partition, evicts idle ones, and
-//! bounds how many it holds. Everything is plain data on injected time (`tokio::time::Instant`);
+//! bounds how many it holds. It also keeps a moving average of each endpoint's answer time, so
+//! that [`Lanes::throughput`] can say how many requests a second the endpoint completes at its
+//! current limit: the caller bounds what it queues for a slow endpoint by that. Everything is plain data on injected time (`tokio::time::Instant`);
 //! the partition's task owns it and calls it from one place, so there is no locking.
 //!
 //! Permits are explicit values rather than drop guards: the permit travels with the in-flight
@@ -34,6 +36,9 @@ use crate::id::EndpointId;
 pub use crate::endpoint::{MAX_IN_FLIGHT_CEILING, MAX_RATE_PER_S, MIN_RATE_PER_S};
 /// Factor applied to the concurrency limit on an overload signal.
 const DECREASE_FACTOR: f64 = 0.5;
+/// Weight of each new answer time in an endpoint's moving average: about the last eight
+/// answers count, so a receiver that slows down or recovers shows within a few round trips.
+const LATENCY_WEIGHT: f64 = 0.25;
 
 /// One endpoint's admission settings, taken from the endpoint's record.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -394,6 +399,8 @@ impl From<Full> for Refusal {
 #[derive(Debug)]
 pub struct Permit {
     endpoint: EndpointId,
+    /// When the request was admitted: its answer time is measured from here.
+    started: Instant,
     /// Which incarnation of the endpoint's entry issued it: a permit outliving its lane (removed,
     /// evicted and re-created) must not touch the new one.
     generation: u64,
@@ -413,10 +420,31 @@ impl Permit {
     }
 }
 
+/// A moving average of how long an endpoint takes to answer (exponentially weighted), measured
+/// from admission to release. `None` until the first answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct AnswerTime(Option<f64>);
+
+impl AnswerTime {
+    fn observe(&mut self, took: Duration) {
+        let secs = took.as_secs_f64();
+        self.0 = Some(match self.0 {
+            None => secs,
+            Some(avg) => avg + LATENCY_WEIGHT * (secs - avg),
+        });
+    }
+
+    /// The average in seconds, if any answer took measurable time.
+    fn secs(self) -> Option<f64> {
+        self.0.filter(|s| *s > 0.0)
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     lane: Lane,
     breaker: Breaker,
+    answer_time: AnswerTime,
     generation: u64,
     last_used: Instant,
     /// When the lane last made progress: a request finished, or one started on an idle lane.
@@ -461,6 +489,7 @@ impl Lanes {
                 Entry {
                     lane: Lane::new(lane_config),
                     breaker: Breaker::new(self.config.breaker),
+                    answer_time: AnswerTime::default(),
                     generation: self.next_generation,
                     last_used: now,
                     progress_at: now,
@@ -486,6 +515,7 @@ impl Lanes {
         }
         Ok(Permit {
             endpoint: endpoint.clone(),
+            started: now,
             generation: entry.generation,
             lane: entry.lane.take(),
             admission,
@@ -494,7 +524,8 @@ impl Lanes {
 
     /// Gives a permit back with what the request said about the endpoint (`None` when it was
     /// never sent). Returns the breaker transition it caused, for telemetry. A permit whose lane
-    /// is gone is dropped quietly.
+    /// is gone is dropped quietly. A request that was sent counts its time from admission to
+    /// `now` in the endpoint's answer time.
     pub fn release(
         &mut self,
         permit: Permit,
@@ -507,6 +538,11 @@ impl Lanes {
         }
         entry.last_used = now;
         entry.progress_at = now;
+        if outcome.is_some() {
+            entry
+                .answer_time
+                .observe(now.saturating_duration_since(permit.started));
+        }
         entry.lane.release(permit.lane, outcome);
         match outcome {
             Some(outcome) => entry.breaker.record(permit.admission, outcome, now),
@@ -567,6 +603,16 @@ impl Lanes {
             e.lane.in_flight() >= e.lane.limit()
                 && now.saturating_duration_since(e.progress_at) >= after
         })
+    }
+
+    /// Requests a second `endpoint` completes at its current concurrency limit: the limit over
+    /// its average answer time (Little's law). `None` before its first answer, or when it has
+    /// no lane. A receiver that takes 1 s an answer with a limit of 2 completes 2 a second
+    /// however many records wait for it; a rate limit, if any, is the caller's to apply too.
+    pub fn throughput(&self, endpoint: &EndpointId) -> Option<f64> {
+        let entry = self.entries.get(endpoint)?;
+        let secs = entry.answer_time.secs()?;
+        Some(f64::from(entry.lane.limit()) / secs)
     }
 
     /// An endpoint's lane, if it has one (metrics, admin API, tests).
@@ -1068,6 +1114,57 @@ mod tests {
             "a slow request beside a free slot is not a stall"
         );
         lanes.release(one, Some(Outcome::Healthy), Instant::now());
+    }
+
+    #[test]
+    fn the_answer_time_is_a_moving_average_from_the_first_answer() {
+        let mut t = AnswerTime::default();
+        assert_eq!(t.secs(), None);
+        t.observe(Duration::ZERO);
+        assert_eq!(t.secs(), None, "an answer in no time says nothing");
+        t.observe(Duration::from_secs(2));
+        assert_eq!(t.secs(), Some(0.5), "0 + (2 - 0) / 4");
+        let mut t = AnswerTime::default();
+        t.observe(Duration::from_secs(2));
+        assert_eq!(t.secs(), Some(2.0), "the first answer is the average");
+        t.observe(Duration::from_secs(6));
+        assert_eq!(t.secs(), Some(3.0), "2 + (6 - 2) / 4");
+        for _ in 0..40 {
+            t.observe(MS(500));
+        }
+        assert!((t.secs().unwrap() - 0.5).abs() < 1e-3, "{t:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throughput_is_the_limit_over_the_answer_time() {
+        let mut lanes = Lanes::new(LanesConfig::default());
+        let e = ep("ep_1");
+        assert_eq!(lanes.throughput(&e), None, "no lane");
+        let c = cfg(2, None);
+        let a = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+        let b = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+        assert_eq!(lanes.throughput(&e), None, "no answer yet");
+        advance(Duration::from_secs(1)).await;
+        // A request never sent does not count.
+        lanes.release(a, None, Instant::now());
+        assert_eq!(lanes.throughput(&e), None);
+        lanes.release(b, Some(Outcome::Healthy), Instant::now());
+        assert_eq!(lanes.throughput(&e), Some(2.0), "2 at a time, 1 s each");
+
+        // Answers that take 3 s pull the average up: 1 + (3 - 1) / 4 = 1.5 s.
+        let a = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+        advance(Duration::from_secs(3)).await;
+        lanes.release(a, Some(Outcome::Healthy), Instant::now());
+        assert_eq!(lanes.throughput(&e), Some(2.0 / 1.5));
+
+        // An overload halves the limit, and what the endpoint completes with it.
+        let a = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+        advance(MS(1500)).await;
+        lanes.release(a, Some(Outcome::Overload), Instant::now());
+        assert_eq!(lanes.lane(&e).unwrap().limit(), 1);
+        assert_eq!(lanes.throughput(&e), Some(1.0 / 1.5));
+        assert!(lanes.remove(&e));
+        assert_eq!(lanes.throughput(&e), None, "forgotten with its lane");
     }
 
     #[test]

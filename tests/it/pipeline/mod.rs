@@ -440,11 +440,15 @@ async fn post_numbered(p: &Pipeline, prefix: &str, n: usize) -> Vec<String> {
 /// A healthy endpoint's backlog waits in its lane while its partition pauses: nothing parks,
 /// even as the stage takes the rest of a batch after the record that filled the window. One
 /// partition, one endpoint, a window of 20 and a slow receiver keep the lane full throughout.
+/// The shortest tier is 5 s: the endpoint (a few hundred requests a second) gets through what
+/// its lane queues (the window and what is taken after a pause, under 300 records) well within
+/// it, as a healthy endpoint does. Slower than that, the surplus would be parked until its turn.
 async fn a_backlog_waits_in_its_lane_and_nothing_parks(on: On) {
     let mut config = test_config(on);
     config.kafka.partitions = 1;
     config.delivery.max_in_flight = 2;
     config.delivery.partition_max_in_flight = 20;
+    config.retry.tiers = vec![Duration::from_secs(5)];
     let p = Pipeline::start(on, config).await;
     let rx = Receiver::fixed(Reply::status(200).delay(Duration::from_millis(5))).await;
     p.endpoint("acme", &rx.url("/"), &["*"]).await;
@@ -507,6 +511,57 @@ async fn a_rate_limited_backlog_does_not_hold_up_its_partition(on: On) {
         .iter()
         .map(|r| r.header("webhook-id").expect("webhook-id").to_owned())
         .collect();
+    assert_eq!(ids.len(), got.len(), "a record was sent twice");
+    p.stop().await;
+}
+
+/// An endpoint limited by its concurrency that answers slowly (1 s a request, 10 at a time, so
+/// 10 a second) does not hold up its partition: what it cannot send within the shortest tier
+/// (1 s here) is parked until its turn, and an endpoint sharing the partition gets its events
+/// at once. Held in the lane, its backlog would fill the partition's window (50 here): the
+/// partition would resume only once the slow endpoint had settled half of what the stage took
+/// (up to the window and the 256 records taken after a pause), and the other endpoint's events,
+/// posted behind the backlog, would wait for two such rounds, over 30 s at 10 a second.
+/// `stall_after` is long: the slow endpoint keeps answering, so this is not the stalled
+/// endpoint's path. The parked records come back and are sent, each once.
+async fn a_slow_endpoints_backlog_does_not_hold_up_its_partition(on: On) {
+    let mut config = test_config(on);
+    config.kafka.partitions = 1;
+    config.delivery.max_in_flight = 10;
+    config.delivery.partition_max_in_flight = 50;
+    config.delivery.stall_after = Duration::from_secs(30);
+    config.http.total_timeout = Duration::from_secs(10);
+    let p = Pipeline::start(on, config).await;
+    let slow = Receiver::fixed(Reply::status(200).delay(Duration::from_secs(1))).await;
+    let fast = Receiver::fixed(Reply::status(200)).await;
+    p.endpoint("acme", &slow.url("/"), &["slow"]).await;
+    p.endpoint("acme", &fast.url("/"), &["fast"]).await;
+    let n = 400;
+    let backlog: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
+    let posts: Vec<_> = backlog
+        .iter()
+        .map(|id| (id.as_str(), "acme", "slow", json!({})))
+        .collect();
+    p.post(&posts).await;
+    // The backlog is being sent, and the events posted now are behind it in the partition.
+    slow.wait_for(1, WAIT).await;
+    let posts: Vec<_> = ["f0", "f1", "f2", "f3", "f4"]
+        .iter()
+        .map(|id| (*id, "acme", "fast", json!({})))
+        .collect();
+    p.post(&posts).await;
+    fast.wait_for(5, Duration::from_secs(20)).await;
+    // 400 records at 10 a second, and the turns of the parked ones.
+    let got = slow.wait_for(n, 2 * WAIT).await;
+    let ids: BTreeSet<String> = got
+        .iter()
+        .map(|r| r.header("webhook-id").expect("webhook-id").to_owned())
+        .collect();
+    assert_eq!(
+        ids,
+        backlog.into_iter().collect(),
+        "every record of the backlog sent"
+    );
     assert_eq!(ids.len(), got.len(), "a record was sent twice");
     p.stop().await;
 }
@@ -1269,6 +1324,7 @@ on_both!(
     a_hanging_endpoint_does_not_hold_up_its_partition,
     a_backlog_waits_in_its_lane_and_nothing_parks,
     a_rate_limited_backlog_does_not_hold_up_its_partition,
+    a_slow_endpoints_backlog_does_not_hold_up_its_partition,
     another_master_key_refuses_to_start,
     held_back_records_are_dead_lettered_when_their_window_is_spent,
     malformed_input_goes_to_the_invalid_topic,
