@@ -23,7 +23,9 @@ use crate::id::{EventId, Tenant};
 use crate::input::{InputConfig, InputEvent, InvalidInput, parse_message};
 use crate::record::{DeliveryRecord, Origin, UnixMillis};
 use crate::registry::{EndpointView, ViewStatus};
-use crate::stage::{Outgoing, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked};
+use crate::stage::{
+    Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked,
+};
 use crate::subscription::{SubscriptionIndex, parse_filters};
 use crate::telemetry;
 
@@ -40,6 +42,80 @@ pub struct FanoutTopics {
 const RECENT_IDS: usize = 100_000;
 /// Input records held per partition before it is paused.
 const MAX_WINDOW: usize = 5_000;
+/// Bytes of records handed to the producer and not yet acknowledged, over all partitions,
+/// before every partition is paused (see [`HeldBytes`]).
+pub const MAX_HELD_BYTES: usize = 64 << 20;
+
+/// The bytes of the records the fan-out has handed to its producer and not yet seen
+/// acknowledged. The window of each partition bounds its events in records, but an event's
+/// records are its body (up to the payload limit) times its endpoints, and librdkafka copies
+/// each: 5,000 events of 256 KiB for ten endpoints each is 12 GiB. While Kafka is slow or refusing,
+/// that is what would pile up. Past `limit`, every partition is paused (as a hold, beside its
+/// window); once acknowledgements bring it down to half, they resume. An event is always taken
+/// when nothing is held, whatever its size.
+struct HeldBytes {
+    held: usize,
+    limit: usize,
+    /// Whether partitions were paused for it.
+    holding: bool,
+}
+
+impl HeldBytes {
+    fn new(limit: usize) -> HeldBytes {
+        HeldBytes {
+            held: 0,
+            limit: limit.max(1),
+            holding: false,
+        }
+    }
+
+    fn add(&mut self, bytes: usize) {
+        self.held = self.held.saturating_add(bytes);
+    }
+
+    fn remove(&mut self, bytes: usize) {
+        self.held = self.held.saturating_sub(bytes);
+    }
+
+    /// Pauses every tracked partition while over the limit (those assigned since included), and
+    /// resumes them once down to half of it.
+    fn apply(&mut self, settlements: &mut Settlements, consumer: &StageConsumer) {
+        let (on, tps): (bool, Vec<Tp>) = if self.held >= self.limit {
+            let tps = settlements
+                .partitions()
+                .filter(|tp| !settlements.paused_for(tp, PauseReason::Hold))
+                .cloned()
+                .collect();
+            (true, tps)
+        } else if self.holding && self.held <= self.limit / 2 {
+            let tps = settlements
+                .partitions()
+                .filter(|tp| settlements.paused_for(tp, PauseReason::Hold))
+                .cloned()
+                .collect();
+            (false, tps)
+        } else {
+            return;
+        };
+        if on && !self.holding {
+            tracing::info!(
+                held_bytes = self.held,
+                limit = self.limit,
+                "records waiting for Kafka's acknowledgement reached the fan-out's byte limit; pausing its input"
+            );
+        }
+        self.holding = on;
+        if !tps.is_empty() {
+            let _ = settlements.set_pause_reason(consumer, &tps, PauseReason::Hold, on);
+        }
+    }
+}
+
+/// Bytes a record takes while it waits for the broker (its body is shared here, copied by
+/// librdkafka).
+fn record_bytes(records: &[Outgoing]) -> usize {
+    records.iter().map(|r| r.key.len() + r.payload.len()).sum()
+}
 
 /// The subscription index, rebuilt from the endpoint view whenever it changes.
 struct Subscriptions {
@@ -178,7 +254,8 @@ fn invalid_record(
 }
 
 /// Runs the fan-out stage until `shutdown`, then waits (bounded) for records under way and
-/// commits what settled.
+/// commits what settled. It holds at most `max_held_bytes` of records the broker has not
+/// acknowledged yet ([`MAX_HELD_BYTES`] in service; see [`HeldBytes`]).
 pub async fn run(
     consumer: StageConsumer,
     producer: crate::kafka::Producer,
@@ -186,16 +263,19 @@ pub async fn run(
     input: InputConfig,
     topics: FanoutTopics,
     shutdown: CancellationToken,
+    max_held_bytes: usize,
 ) {
     let mut subs = Subscriptions::new(view);
     let mut settlements = Settlements::new("fanout", MAX_WINDOW);
+    let mut held = HeldBytes::new(max_held_bytes);
     let mut recent: std::collections::HashMap<Tp, Recent> = std::collections::HashMap::new();
     let mut pending = FuturesUnordered::new();
     let stop = CancellationToken::new();
     let send_all = |tp: Tp, offset: i64, records: Vec<Outgoing>| {
         let producer = producer.clone();
         let stop = stop.clone();
-        async move {
+        let bytes = record_bytes(&records);
+        let sent = async move {
             let sends = records
                 .into_iter()
                 .map(|r| produce_until_acked(&producer, r, &stop));
@@ -203,15 +283,22 @@ pub async fn run(
                 .await
                 .into_iter()
                 .all(|ok| ok);
-            (tp, offset, acked)
-        }
+            (tp, offset, acked, bytes)
+        };
+        (sent, bytes)
     };
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
-            Some((tp, offset, acked)) = pending.next() => if acked { settlements.settle(&tp, offset) },
+            Some((tp, offset, acked, bytes)) = pending.next() => {
+                if acked {
+                    settlements.settle(&tp, offset);
+                }
+                held.remove(bytes);
+                held.apply(&mut settlements, &consumer);
+            }
             _ = tick.tick() => {
                 forget_moved(&mut recent, &settlements.maintain(&consumer));
             }
@@ -245,15 +332,21 @@ pub async fn run(
                         if records.is_empty() {
                             settlements.settle(&tp, offset);
                         } else {
-                            pending.push(send_all(tp, offset, records));
+                            let (sent, bytes) = send_all(tp, offset, records);
+                            pending.push(sent);
+                            held.add(bytes);
                         }
                     }
                     Err(invalid) => {
                         telemetry::invalid_record(&tp.0, tp.1, offset, invalid.reason.kind(), &invalid.detail);
                         let out = invalid_record(&msg, invalid, &topics.invalid, input.max_record);
-                        pending.push(send_all(tp, offset, vec![out]));
+                        let (sent, bytes) = send_all(tp, offset, vec![out]);
+                        pending.push(sent);
+                        held.add(bytes);
                     }
                 }
+                drop(msg);
+                held.apply(&mut settlements, &consumer);
             }
         }
     }
@@ -261,7 +354,7 @@ pub async fn run(
     tokio::pin!(deadline);
     while !pending.is_empty() {
         tokio::select! {
-            Some((tp, offset, acked)) = pending.next() => if acked { settlements.settle(&tp, offset) },
+            Some((tp, offset, acked, _)) = pending.next() => if acked { settlements.settle(&tp, offset) },
             () = &mut deadline => { stop.cancel(); break; }
         }
     }
@@ -273,4 +366,144 @@ pub async fn run(
         tracing::debug!(error = %e, "final commit of the fan-out stage");
     }
     stop.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint::{CreateEndpoint, Endpoint};
+    use crate::registry::{EndpointStore, MemoryEndpointStore};
+    use crate::sealed::MasterKey;
+    use crate::stage::StageContext;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use rdkafka::consumer::Consumer;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::FutureRecord;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    #[test]
+    fn held_bytes_pause_past_the_limit_and_resume_at_half() {
+        let mut held = HeldBytes::new(100);
+        held.add(99);
+        assert!(held.held < held.limit);
+        held.add(1);
+        assert!(held.held >= held.limit);
+        held.remove(40);
+        assert_eq!(held.held, 60);
+        held.remove(1_000);
+        assert_eq!(held.held, 0, "never below nothing");
+        assert_eq!(HeldBytes::new(0).limit, 1);
+    }
+
+    /// While the broker acknowledges nothing, the fan-out takes input only until the records it
+    /// handed to the producer reach its byte limit, however many events its windows would still
+    /// allow; once the broker takes records again, every event is fanned out.
+    // The mock cluster is not Send: it stays on this test's thread (current-thread runtime),
+    // which is also where the local metrics recorder is installed.
+    #[tokio::test]
+    async fn unacknowledged_bytes_pause_the_input() {
+        const EVENTS: usize = 60;
+        const PAYLOAD: usize = 10_000;
+        let mock = MockCluster::new(1).unwrap();
+        for topic in ["t.events", "t.deliveries", "t.invalid"] {
+            mock.create_topic(topic, 1, 1).unwrap();
+        }
+        let bootstrap = mock.bootstrap_servers();
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let fanned_out = || {
+            handle
+                .render()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("hookline_events_fanned_out_total ")?
+                        .parse::<usize>()
+                        .ok()
+                })
+                .unwrap_or(0)
+        };
+
+        let producer: crate::kafka::Producer =
+            crate::kafka::producer_config(&bootstrap, &Default::default())
+                .create_with_context(crate::kafka::ProducerLog::default())
+                .unwrap();
+        let data = "x".repeat(PAYLOAD);
+        for n in 0..EVENTS {
+            let value = serde_json::json!({
+                "id": format!("evt_{n}"), "tenant": "acme", "type": "order.created",
+                "payload": {"pad": data},
+            })
+            .to_string();
+            producer
+                .send(
+                    FutureRecord::<str, str>::to("t.events").payload(&value),
+                    Duration::from_secs(10),
+                )
+                .await
+                .unwrap();
+        }
+        let endpoints = MemoryEndpointStore::new(MasterKey::generate());
+        let endpoint = Endpoint::create(
+            serde_json::from_value::<CreateEndpoint>(serde_json::json!({
+                "tenant": "acme", "url": "https://example.com/hook", "event_types": ["*"]
+            }))
+            .unwrap(),
+            SystemTime::now(),
+        )
+        .unwrap();
+        endpoints.put(&endpoint).await.unwrap();
+
+        // From now on the broker refuses every produce (librdkafka retries them).
+        mock.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 100_000],
+        );
+        let consumer: StageConsumer =
+            crate::kafka::consumer_config(&bootstrap, "t-fanout", &Default::default())
+                .create_with_context(StageContext::new("fanout"))
+                .unwrap();
+        consumer.subscribe(&["t.events"]).unwrap();
+        let shutdown = CancellationToken::new();
+        let stage = run(
+            consumer,
+            producer.clone(),
+            endpoints.view().clone(),
+            InputConfig::default(),
+            FanoutTopics {
+                deliveries: Arc::from("t.deliveries"),
+                invalid: Arc::from("t.invalid"),
+            },
+            shutdown.clone(),
+            // Room for about five events' records.
+            5 * PAYLOAD,
+        );
+        let watch = async {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while fanned_out() == 0 {
+                assert!(tokio::time::Instant::now() < deadline, "nothing fanned out");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // Long enough to take every event, were nothing holding the input back.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let taken = fanned_out();
+            assert!(
+                (1..=6).contains(&taken),
+                "{taken} events taken against room for about 5"
+            );
+            mock.clear_request_errors(RDKafkaApiKey::Produce);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while fanned_out() < EVENTS {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{} of {EVENTS} fanned out once the broker took records",
+                    fanned_out()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            shutdown.cancel();
+        };
+        tokio::join!(stage, watch);
+        assert_eq!(fanned_out(), EVENTS, "each event once");
+    }
 }

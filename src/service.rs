@@ -285,6 +285,7 @@ pub async fn start(
                 input,
                 topics,
                 shutdown.clone(),
+                fanout::MAX_HELD_BYTES,
             ),
         );
     }

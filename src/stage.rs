@@ -494,6 +494,11 @@ impl Settlements {
         result
     }
 
+    /// The partitions tracked now (assigned, and handed at least one record).
+    pub fn partitions(&self) -> impl Iterator<Item = &Tp> {
+        self.trackers.keys()
+    }
+
     /// Whether `reason` holds `tp` paused.
     pub fn paused_for(&self, tp: &Tp, reason: PauseReason) -> bool {
         self.pauses.holds(tp, reason)
