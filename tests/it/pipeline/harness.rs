@@ -310,8 +310,14 @@ impl Pipeline {
 
     /// Produces raw bytes to the events topic through a producer with librdkafka's own record
     /// limit, whatever `kafka.client` sets for hookline: input topics may hold records larger
-    /// than hookline's producers write.
+    /// than hookline's producers write. On the real broker the events topic first takes the
+    /// broker's default record size, as an input topic created by someone else would (hookline
+    /// creates its own topics with its producers' limit).
     pub async fn post_raw_large(&self, key: &str, value: &[u8]) {
+        if self.kafka.is_none() && self.split.is_none() {
+            self.limit_record_size(&self.config.kafka.topics.events, 1_048_588)
+                .await;
+        }
         let mut client = self.config.kafka.client.clone();
         client.remove("message.max.bytes");
         let producer: FutureProducer =
