@@ -233,16 +233,88 @@ async fn outbox_route_creates_a_missing_topic() {
     topics.delete().await;
 }
 
-/// The second connector [`wrapped_route`] registers, its slot and publication.
+/// The prefix of the second connector [`wrapped_route`] registers, and of its slot and
+/// publication. Each run uses a name of its own: Connect keeps a connector's offsets by name,
+/// and a name used before would resume at a position in a slot dropped since.
 const WRAPPED: &str = "hookline_outbox_wrapped";
+
+/// Removes what earlier runs of [`wrapped_route`] left behind when they failed before cleaning
+/// up: their connectors, then their slots (which would hold WAL for ever) and publications.
+async fn sweep_wrapped_routes(http: &reqwest::Client, connect: &str, pg: &Client) {
+    let names: Vec<String> = http
+        .get(format!("http://{connect}/connectors"))
+        .send()
+        .await
+        .expect("Kafka Connect REST")
+        .json()
+        .await
+        .expect("connector names");
+    let mut left = vec![];
+    for name in names.into_iter().filter(|n| n.starts_with(WRAPPED)) {
+        left.push(name.clone());
+        let _ = http
+            .delete(format!("http://{connect}/connectors/{name}"))
+            .send()
+            .await;
+    }
+    for row in pg
+        .query("SELECT slot_name FROM pg_replication_slots", &[])
+        .await
+        .expect("pg_replication_slots")
+    {
+        let slot: String = row.get(0);
+        if slot.starts_with(WRAPPED) {
+            left.push(slot);
+        }
+    }
+    left.sort();
+    left.dedup();
+    for name in left {
+        drop_slot_and_publication(pg, &name).await;
+    }
+}
+
+/// Drops the replication slot and publication `name`, once no task holds the slot.
+async fn drop_slot_and_publication(pg: &Client, name: &str) {
+    let deadline = tokio::time::Instant::now() + ARRIVAL_TIMEOUT;
+    loop {
+        let dropped = pg
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND NOT active",
+                &[&name],
+            )
+            .await;
+        let left = pg
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&name],
+            )
+            .await
+            .expect("pg_replication_slots");
+        if dropped.is_ok() && left.is_none() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slot {name} still held after its connector was deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    pg.execute(&format!("DROP PUBLICATION IF EXISTS {name}"), &[])
+        .await
+        .expect("drop publication");
+}
 
 /// Registers (or updates) a second outbox connector on the running Connect worker, set up as
 /// Kafka Connect and Debezium leave it by default: the JSON converter with schemas on, and the
 /// jsonb payload column not expanded (so it travels as a string named `io.debezium.data.Json`).
 /// It routes to `outbox.wrapped.<aggregatetype>`. Returns once its task runs and its replication
 /// slot streams.
-async fn wrapped_route(connect: &str, pg: &Client) -> reqwest::Client {
+async fn wrapped_route(connect: &str, pg: &Client) -> (reqwest::Client, String) {
     let http = reqwest::Client::new();
+    sweep_wrapped_routes(&http, connect, pg).await;
+    let name = format!("{WRAPPED}_{}", &Uuid::new_v4().simple().to_string()[..12]);
     let config = json!({
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "tasks.max": "1",
@@ -251,10 +323,10 @@ async fn wrapped_route(connect: &str, pg: &Client) -> reqwest::Client {
         "database.user": "postgres",
         "database.password": "",
         "database.dbname": "hookline",
-        "topic.prefix": WRAPPED,
+        "topic.prefix": name,
         "plugin.name": "pgoutput",
-        "slot.name": WRAPPED,
-        "publication.name": WRAPPED,
+        "slot.name": name,
+        "publication.name": name,
         "publication.autocreate.mode": "filtered",
         "table.include.list": "public.outbox",
         "snapshot.mode": "no_data",
@@ -274,7 +346,7 @@ async fn wrapped_route(connect: &str, pg: &Client) -> reqwest::Client {
         "topic.creation.default.replication.factor": "1",
         "topic.creation.default.partitions": "1",
     });
-    let url = format!("http://{connect}/connectors/{WRAPPED}");
+    let url = format!("http://{connect}/connectors/{name}");
     let put = http
         .put(format!("{url}/config"))
         .json(&config)
@@ -283,7 +355,7 @@ async fn wrapped_route(connect: &str, pg: &Client) -> reqwest::Client {
         .expect("Kafka Connect REST");
     assert!(
         put.status().is_success(),
-        "registering {WRAPPED}: {} {}",
+        "registering {name}: {} {}",
         put.status(),
         put.text().await.unwrap_or_default()
     );
@@ -296,62 +368,33 @@ async fn wrapped_route(connect: &str, pg: &Client) -> reqwest::Client {
         let slot_active = pg
             .query_opt(
                 "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
-                &[&WRAPPED],
+                &[&name],
             )
             .await
             .expect("pg_replication_slots")
             .is_some_and(|r| r.get::<_, bool>(0));
         if status.contains(r#""tasks":[{"id":0,"state":"RUNNING""#) && slot_active {
-            return http;
+            return (http, name);
         }
         assert!(
             !status.contains(r#""state":"FAILED""#),
-            "{WRAPPED} failed: {status}"
+            "{name} failed: {status}"
         );
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{WRAPPED} not running with an active slot within {ARRIVAL_TIMEOUT:?}: {status}"
+            "{name} not running with an active slot within {ARRIVAL_TIMEOUT:?}: {status}"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
-/// Removes [`wrapped_route`]'s connector, then its slot (which would otherwise hold WAL for
-/// ever) and publication.
-async fn remove_wrapped_route(http: &reqwest::Client, connect: &str, pg: &Client) {
+/// Removes [`wrapped_route`]'s connector `name`, then its slot and publication.
+async fn remove_wrapped_route(http: &reqwest::Client, connect: &str, pg: &Client, name: &str) {
     let _ = http
-        .delete(format!("http://{connect}/connectors/{WRAPPED}"))
+        .delete(format!("http://{connect}/connectors/{name}"))
         .send()
         .await;
-    let deadline = tokio::time::Instant::now() + ARRIVAL_TIMEOUT;
-    loop {
-        // The slot can be dropped once the stopped task has let go of it.
-        let dropped = pg
-            .execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                 WHERE slot_name = $1 AND NOT active",
-                &[&WRAPPED],
-            )
-            .await;
-        let left = pg
-            .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
-                &[&WRAPPED],
-            )
-            .await
-            .expect("pg_replication_slots");
-        if dropped.is_ok() && left.is_none() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "slot {WRAPPED} still held after its connector was deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    pg.execute(&format!("DROP PUBLICATION IF EXISTS {WRAPPED}"), &[])
-        .await
-        .expect("drop publication");
+    drop_slot_and_publication(pg, name).await;
 }
 
 /// Under Kafka Connect's defaults the outbox route wraps the payload in a schema envelope and
@@ -362,7 +405,7 @@ async fn an_outbox_route_on_connect_defaults_gives_hookline_the_application_payl
     let bootstrap = require_kafka().await;
     let connect = require_connect().await;
     let pg = postgres().await;
-    let http = wrapped_route(&connect, &pg).await;
+    let (http, name) = wrapped_route(&connect, &pg).await;
 
     let row = Row::new(&unique("itwrapped"), 7);
     let topic = format!("outbox.wrapped.{}", row.aggregatetype);
@@ -396,6 +439,6 @@ async fn an_outbox_route_on_connect_defaults_gives_hookline_the_application_payl
 
     drop(msg);
     drop(consumer);
-    remove_wrapped_route(&http, &connect, &pg).await;
+    remove_wrapped_route(&http, &connect, &pg, &name).await;
     topics.delete().await;
 }
