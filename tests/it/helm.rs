@@ -750,11 +750,12 @@ fn series<'a>(name: &str, labels: impl Iterator<Item = (&'a str, &'a str)>) -> S
     format!("{name}{{{}}}", labels.join(", "))
 }
 
-/// promtool unit tests of three alerts on the series hookline exports (at the defaults'
+/// promtool unit tests of five alerts on the series hookline exports (at the defaults'
 /// thresholds and `for:` durations), one sample a minute.
 fn rule_tests(rules: &str, targets: &[Target]) -> Value {
     use hookline::retry_policy::DeadReason;
-    use hookline::telemetry::name::{BREAKERS_OPEN, DEAD_LETTERS};
+    use hookline::telemetry::ParkReason;
+    use hookline::telemetry::name::{BREAKERS_OPEN, DEAD_LETTERS, PARKED};
     let deliver = format!("{}-deliver", fullname());
     let pod = |i: u32| format!("{deliver}-{i}");
     let dead = |ns: &str, reason: DeadReason| {
@@ -768,6 +769,16 @@ fn rule_tests(rules: &str, targets: &[Target]) -> Value {
         )
     };
     let open = |i| hookline_series(BREAKERS_OPEN, &[("namespace", NAMESPACE), ("pod", &pod(i))]);
+    let parked = |reason: ParkReason| {
+        hookline_series(
+            PARKED,
+            &[
+                ("namespace", NAMESPACE),
+                ("pod", &pod(0)),
+                ("reason", reason.as_str()),
+            ],
+        )
+    };
     // Deliver pods stop answering scrapes after 10 minutes; the other roles stay up.
     let up: Vec<Value> = targets
         .iter()
@@ -817,6 +828,38 @@ fn rule_tests(rules: &str, targets: &[Target]) -> Value {
                     {
                         "eval_time": "45m",
                         "alertname": "HooklineManyBreakersOpen",
+                        "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
+                    },
+                ],
+            },
+            {
+                "name": "attempt panics: one, beside many parked for a full lane",
+                "interval": "1m",
+                "input_series": [
+                    {"series": parked(ParkReason::Panicked), "values": "0x5 1x30"},
+                    {"series": parked(ParkReason::LaneFull), "values": "0+100x40"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "4m", "alertname": "HooklineAttemptPanics", "exp_alerts": []},
+                    {
+                        "eval_time": "8m",
+                        "alertname": "HooklineAttemptPanics",
+                        "exp_alerts": [{"exp_labels": {"severity": "critical"}}],
+                    },
+                    {"eval_time": "30m", "alertname": "HooklineAttemptPanics", "exp_alerts": []},
+                ],
+            },
+            {
+                "name": "endpoint view behind: 5 deliveries a minute wait for it",
+                "interval": "1m",
+                "input_series": [
+                    {"series": parked(ParkReason::ViewBehind), "values": "0+5x40"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "10m", "alertname": "HooklineEndpointViewBehind", "exp_alerts": []},
+                    {
+                        "eval_time": "25m",
+                        "alertname": "HooklineEndpointViewBehind",
                         "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
                     },
                 ],
@@ -1037,6 +1080,8 @@ config: |
         "HooklineProduceFailing",
         "HooklineConsumerErrors",
         "HooklineManyBreakersOpen",
+        "HooklineAttemptPanics",
+        "HooklineEndpointViewBehind",
         "HooklineInvalidInputRecords",
         "HooklineRoleDown",
     ];
