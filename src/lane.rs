@@ -524,8 +524,12 @@ impl Lanes {
 
     /// Gives a permit back with what the request said about the endpoint (`None` when it was
     /// never sent). Returns the breaker transition it caused, for telemetry. A permit whose lane
-    /// is gone is dropped quietly. A request that was sent counts its time from admission to
-    /// `now` in the endpoint's answer time.
+    /// is gone is dropped quietly. A request the endpoint answered in time, and not with an
+    /// overload status, counts its time from admission to `now` in the endpoint's answer time.
+    /// Timeouts do not: a receiver that hung for a while would otherwise be taken, once it
+    /// answers again, for one that takes the whole HTTP timeout per request, and its backlog
+    /// would be parked and handed back at that pace long after it recovered (the breaker and
+    /// the stalled check deal with a hanging endpoint).
     pub fn release(
         &mut self,
         permit: Permit,
@@ -538,7 +542,7 @@ impl Lanes {
         }
         entry.last_used = now;
         entry.progress_at = now;
-        if outcome.is_some() {
+        if outcome == Some(Outcome::Healthy) {
             entry
                 .answer_time
                 .observe(now.saturating_duration_since(permit.started));
@@ -1157,11 +1161,16 @@ mod tests {
         lanes.release(a, Some(Outcome::Healthy), Instant::now());
         assert_eq!(lanes.throughput(&e), Some(2.0 / 1.5));
 
-        // An overload halves the limit, and what the endpoint completes with it.
+        // An overload halves the limit, and what the endpoint completes with it; its time (a
+        // 15 s timeout here) is not an answer time, nor is a failure to connect.
         let a = lanes.try_acquire(&e, c, Instant::now()).unwrap();
-        advance(MS(1500)).await;
+        advance(Duration::from_secs(15)).await;
         lanes.release(a, Some(Outcome::Overload), Instant::now());
         assert_eq!(lanes.lane(&e).unwrap().limit(), 1);
+        assert_eq!(lanes.throughput(&e), Some(1.0 / 1.5));
+        let a = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+        advance(Duration::from_secs(10)).await;
+        lanes.release(a, Some(Outcome::Unreachable), Instant::now());
         assert_eq!(lanes.throughput(&e), Some(1.0 / 1.5));
         assert!(lanes.remove(&e));
         assert_eq!(lanes.throughput(&e), None, "forgotten with its lane");
