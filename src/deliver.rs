@@ -93,6 +93,20 @@ struct Queued {
     endpoint: Arc<Endpoint>,
 }
 
+/// A delivery waiting for the endpoint view to be confirmed current (see
+/// [`Stage::view_may_be_behind`]).
+struct AwaitingView {
+    tp: Tp,
+    offset: i64,
+    record: DeliveryRecord,
+    /// Since when.
+    since: tokio::time::Instant,
+}
+
+/// How long a delivery waits in memory for the endpoint view to be confirmed before it is
+/// parked in the shortest tier instead.
+const VIEW_PATIENCE: Duration = Duration::from_secs(10);
+
 /// Send plans kept per endpoint before the cache is cleared and rebuilt as used.
 const MAX_PLANS: usize = 10_000;
 
@@ -616,6 +630,8 @@ struct Stage {
     /// When this stage first met a delivery for each endpoint its view lacks or has disabled
     /// (see [`Stage::view_may_be_behind`]).
     unusable_since: HashMap<EndpointId, SystemTime>,
+    /// Deliveries waiting for the endpoint view to be confirmed current.
+    awaiting_view: Vec<AwaitingView>,
     done_tx: mpsc::UnboundedSender<Done>,
     parks: mpsc::UnboundedSender<(Tp, i64, bool)>,
     tasks: TaskTracker,
@@ -756,6 +772,7 @@ impl Stage {
             plans: HashMap::new(),
             turns: Turns::default(),
             unusable_since: HashMap::new(),
+            awaiting_view: Vec::new(),
             deps,
             producer,
             done_tx,
@@ -822,8 +839,12 @@ impl Stage {
             }
             found => {
                 if self.view_may_be_behind(&record.endpoint_id) {
-                    let due = SystemTime::now() + self.deps.tiers.shortest().delay;
-                    self.park(tp, offset, record, due, ParkReason::ViewBehind);
+                    self.awaiting_view.push(AwaitingView {
+                        tp,
+                        offset,
+                        record,
+                        since: tokio::time::Instant::now(),
+                    });
                     return;
                 }
                 let reason = if found.is_some() {
@@ -876,8 +897,9 @@ impl Stage {
     ///
     /// That instance found the endpoint usable before this stage first met a delivery for it
     /// that it could not use. Once the view is confirmed to hold every write made before that
-    /// moment, what it says stands. Until then the delivery waits in the shortest tier, and a
-    /// confirmation is requested. A delivery for an endpoint deleted for good so waits one round.
+    /// moment, what it says stands. Until then a confirmation is requested and the delivery
+    /// waits here (see [`Stage::recheck_awaiting_view`]); a confirmation takes a watermark
+    /// request and the view's catching up, a few milliseconds normally.
     fn view_may_be_behind(&mut self, id: &EndpointId) -> bool {
         if self.unusable_since.len() >= MAX_PLANS && !self.unusable_since.contains_key(id) {
             self.unusable_since.clear();
@@ -891,6 +913,34 @@ impl Stage {
         }
         self.deps.endpoints.request_confirmation();
         true
+    }
+
+    /// Looks again at the deliveries waiting for the endpoint view (see
+    /// [`Stage::view_may_be_behind`]): each whose endpoint is usable now, or whose view is now
+    /// confirmed, goes on as it would have; one that has waited [`VIEW_PATIENCE`] is parked in
+    /// the shortest tier (`view_behind`, its window started) so its offset does not hold its
+    /// partition while the view cannot be confirmed; the rest wait on, with the confirmation
+    /// asked for again.
+    fn recheck_awaiting_view(&mut self) {
+        if self.awaiting_view.is_empty() {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        for a in std::mem::take(&mut self.awaiting_view) {
+            let usable = self
+                .deps
+                .endpoints
+                .get(&a.record.endpoint_id)
+                .is_some_and(|e| e.enabled);
+            if usable || !self.view_may_be_behind(&a.record.endpoint_id) {
+                self.on_record(a.tp, a.offset, Ok(a.record), None);
+            } else if now.duration_since(a.since) >= VIEW_PATIENCE {
+                let due = SystemTime::now() + self.deps.tiers.shortest().delay;
+                self.park(a.tp, a.offset, a.record, due, ParkReason::ViewBehind);
+            } else {
+                self.awaiting_view.push(a);
+            }
+        }
     }
 
     /// How many records a second `endpoint` sends: its rate limit, or what its lane completes at
@@ -1288,11 +1338,13 @@ impl Stage {
                 q.retain(|item| !tps.contains(&item.tp));
             }
             self.queues.retain(|_, q| !q.is_empty());
+            self.awaiting_view.retain(|a| !tps.contains(&a.tp));
         }
     }
 
     fn on_tick(&mut self, consumer: &StageConsumer, intake: &mut Intake<Intaken>) {
         self.sync(consumer, intake);
+        self.recheck_awaiting_view();
         // Rate-limited lanes get another chance each tick; stalled ones give their queue up.
         // Slow ones give up what they cannot send soon.
         let waiting: Vec<EndpointId> = self.queues.keys().cloned().collect();

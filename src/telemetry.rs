@@ -258,8 +258,8 @@ pub enum ParkReason {
     BreakerOpen,
     /// The endpoint stopped answering (see [`crate::lane::Lanes::stalled`]).
     Stalled,
-    /// This instance's endpoint view lacks the endpoint or has it disabled, and is not yet
-    /// confirmed current: it may be behind the instance that made the delivery.
+    /// This instance's endpoint view lacks the endpoint or has it disabled, and has not been
+    /// confirmed current within 10 s: it may be behind the instance that made the delivery.
     ViewBehind,
     /// The record's attempt panicked (a bug in hookline; see [`attempt_panicked`]).
     Panicked,
