@@ -15,7 +15,7 @@
 pub mod kafka;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -24,6 +24,7 @@ use tokio::sync::watch;
 
 use crate::endpoint::{Endpoint, EndpointRecord};
 use crate::id::{EndpointId, Tenant};
+use crate::record::UnixMillis;
 use crate::sealed::MasterKey;
 
 /// Longest endpoint record value the view accepts; larger ones are skipped as malformed (a
@@ -115,9 +116,9 @@ pub struct EndpointView {
     state: RwLock<State>,
     status: watch::Sender<ViewStatus>,
     /// Unix milliseconds before which every write to the endpoints topic is known to be
-    /// applied here (see [`EndpointView::holds_writes_before`]); `i64::MAX` for a view that
+    /// applied here (see [`EndpointView::holds_writes_before`]); `u64::MAX` for a view that
     /// is written directly and so is always current.
-    confirmed_ms: AtomicI64,
+    confirmed_ms: AtomicU64,
     /// Wakes the task that confirms the view (see [`EndpointView::request_confirmation`]).
     confirm_wanted: tokio::sync::Notify,
 }
@@ -138,7 +139,7 @@ impl EndpointView {
             key,
             state: RwLock::new(State::default()),
             status: watch::Sender::new(ViewStatus::default()),
-            confirmed_ms: AtomicI64::new(i64::MIN),
+            confirmed_ms: AtomicU64::new(0),
             confirm_wanted: tokio::sync::Notify::new(),
         }
     }
@@ -150,7 +151,7 @@ impl EndpointView {
     /// disabled since); if not, this instance's view may just be behind the other's, and the
     /// reader should [request a confirmation](EndpointView::request_confirmation) and look again.
     pub fn holds_writes_before(&self, t: SystemTime) -> bool {
-        self.confirmed_ms.load(Ordering::Acquire) > unix_millis(t)
+        self.confirmed_ms.load(Ordering::Acquire) > UnixMillis::from(t).0
     }
 
     /// Asks the view's feeder to confirm that the view holds every write made so far (it reads
@@ -168,12 +169,12 @@ impl EndpointView {
     /// Records that every write to the topic made before `asked_at` is applied.
     pub fn confirm_as_of(&self, asked_at: SystemTime) {
         self.confirmed_ms
-            .fetch_max(unix_millis(asked_at), Ordering::AcqRel);
+            .fetch_max(UnixMillis::from(asked_at).0, Ordering::AcqRel);
     }
 
     /// Declares the view always current: it is written directly, not fed from a topic.
     pub fn mark_always_current(&self) {
-        self.confirmed_ms.store(i64::MAX, Ordering::Release);
+        self.confirmed_ms.store(u64::MAX, Ordering::Release);
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -335,16 +336,23 @@ impl EndpointView {
         highs: &HashMap<i32, i64>,
         timeout: Duration,
     ) -> Result<(), RegistryError> {
-        self.wait_until(
-            "the endpoint view to reach the topic's end",
-            timeout,
-            |_, view| {
-                let state = view.read();
-                highs
-                    .iter()
-                    .all(|(p, high)| state.next_offsets.get(p).is_some_and(|n| n >= high))
-            },
-        )
+        self.wait_for_ends("the endpoint view to reach the topic's end", highs, timeout)
+            .await
+    }
+
+    /// Waits until every partition of `ends` has been applied up to (not including) its
+    /// offset; on timeout the error says it waited for `what`.
+    async fn wait_for_ends(
+        &self,
+        what: &'static str,
+        ends: &HashMap<i32, i64>,
+        timeout: Duration,
+    ) -> Result<(), RegistryError> {
+        self.wait_until(what, timeout, |_, view| {
+            let state = view.read();
+            ends.iter()
+                .all(|(p, end)| state.next_offsets.get(p).is_some_and(|n| n >= end))
+        })
         .await
     }
 
@@ -382,12 +390,9 @@ impl EndpointView {
         offset: i64,
         timeout: Duration,
     ) -> Result<(), RegistryError> {
-        self.wait_until(
-            "the endpoint view to apply the write",
-            timeout,
-            |_, view| view.next_offset(partition).is_some_and(|n| n > offset),
-        )
-        .await
+        let next = HashMap::from([(partition, offset.saturating_add(1))]);
+        self.wait_for_ends("the endpoint view to apply the write", &next, timeout)
+            .await
     }
 
     async fn wait_until(
@@ -433,11 +438,6 @@ enum Decoded {
     /// Its secrets do not open; why.
     Unopened(EndpointId, String),
     Skip,
-}
-
-fn unix_millis(t: SystemTime) -> i64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Serialises an endpoint's stored form: secrets sealed under `key`.
