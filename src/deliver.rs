@@ -870,8 +870,7 @@ impl Stage {
         }
         let queued = self.queues.get(&endpoint.id).map_or(0, VecDeque::len);
         if queued >= self.deps.lane_queue {
-            let due = SystemTime::now() + self.deps.tiers.shortest().delay;
-            self.park(tp, offset, record, due, ParkReason::LaneFull);
+            self.park_briefly(tp, offset, record, ParkReason::LaneFull);
             return;
         }
         if let Some(due) = self.booked_turn(&endpoint, queued) {
@@ -935,8 +934,7 @@ impl Stage {
             if usable || !self.view_may_be_behind(&a.record.endpoint_id) {
                 self.on_record(a.tp, a.offset, Ok(a.record), None);
             } else if now.duration_since(a.since) >= VIEW_PATIENCE {
-                let due = SystemTime::now() + self.deps.tiers.shortest().delay;
-                self.park(a.tp, a.offset, a.record, due, ParkReason::ViewBehind);
+                self.park_briefly(a.tp, a.offset, a.record, ParkReason::ViewBehind);
             } else {
                 self.awaiting_view.push(a);
             }
@@ -1045,8 +1043,7 @@ impl Stage {
                         .get_mut(id)
                         .and_then(VecDeque::pop_front)
                         .expect("front exists");
-                    let due = SystemTime::now() + self.deps.tiers.shortest().delay;
-                    self.park(q.tp, q.offset, q.record, due, ParkReason::LaneFull);
+                    self.park_briefly(q.tp, q.offset, q.record, ParkReason::LaneFull);
                 }
             }
         }
@@ -1215,6 +1212,12 @@ impl Stage {
         });
     }
 
+    /// Parks `record` until the shortest tier brings it back (see [`Stage::park`]).
+    fn park_briefly(&self, tp: Tp, offset: i64, record: DeliveryRecord, reason: ParkReason) {
+        let due = SystemTime::now() + self.deps.tiers.shortest().delay;
+        self.park(tp, offset, record, due, reason);
+    }
+
     /// Parks `record` in the tier matching `due`; settles it once the broker has it.
     ///
     /// A record never attempted and held back because its endpoint is failing (breaker open, or
@@ -1299,8 +1302,7 @@ impl Stage {
                 }
             }
             Done::Panicked { tp, offset, record } => {
-                let due = SystemTime::now() + self.deps.tiers.shortest().delay;
-                self.park(tp, offset, *record, due, ParkReason::Panicked);
+                self.park_briefly(tp, offset, *record, ParkReason::Panicked);
             }
         }
     }
