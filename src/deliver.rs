@@ -107,8 +107,9 @@ struct AwaitingView {
 /// parked in the shortest tier instead.
 const VIEW_PATIENCE: Duration = Duration::from_secs(10);
 
-/// Send plans kept per endpoint before the cache is cleared and rebuilt as used.
-const MAX_PLANS: usize = 10_000;
+/// Entries each of the stage's per-endpoint maps (send plans, booked turns, when an endpoint
+/// was first found unusable) holds before it is cleared or pruned.
+const MAX_ENDPOINT_ENTRIES: usize = 10_000;
 
 /// What an attempt task reports back to the stage loop: first that the endpoint answered (its
 /// lane slot is free), then that the attempt is logged and its follow-up produced, or that it
@@ -608,7 +609,7 @@ impl Turns {
         if turn > latest {
             return latest;
         }
-        if self.next.len() >= MAX_PLANS {
+        if self.next.len() >= MAX_ENDPOINT_ENTRIES {
             self.next.retain(|_, next| *next > now);
         }
         self.next.insert(id.clone(), turn + step);
@@ -900,7 +901,9 @@ impl Stage {
     /// waits here (see [`Stage::recheck_awaiting_view`]); a confirmation takes a watermark
     /// request and the view's catching up, a few milliseconds normally.
     fn view_may_be_behind(&mut self, id: &EndpointId) -> bool {
-        if self.unusable_since.len() >= MAX_PLANS && !self.unusable_since.contains_key(id) {
+        if self.unusable_since.len() >= MAX_ENDPOINT_ENTRIES
+            && !self.unusable_since.contains_key(id)
+        {
             self.unusable_since.clear();
         }
         let since = *self
@@ -1080,7 +1083,7 @@ impl Stage {
         {
             return plan.clone();
         }
-        if self.plans.len() >= MAX_PLANS {
+        if self.plans.len() >= MAX_ENDPOINT_ENTRIES {
             self.plans.clear();
         }
         let plan = Arc::new(SendPlan::build(endpoint, now));
