@@ -345,7 +345,6 @@ pub async fn run(
                         held.add(bytes);
                     }
                 }
-                drop(msg);
                 held.apply(&mut settlements, &consumer);
             }
         }
