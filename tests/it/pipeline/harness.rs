@@ -185,14 +185,7 @@ impl Pipeline {
         let on_mock = self.split.is_some();
         let (config, kafka) = self.halt().await;
         if kafka.is_none() && !on_mock {
-            let names: Vec<String> = service::topic_specs(&config)
-                .into_iter()
-                .map(|t| t.name)
-                .collect();
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            crate::services::fixture::Topics::adopt(&config.kafka.bootstrap_servers, &names)
-                .delete()
-                .await;
+            delete_topics(&config).await;
         }
     }
 
@@ -527,6 +520,18 @@ impl Pipeline {
         }
         out
     }
+}
+
+/// Deletes every topic `config` names from its (real) Kafka.
+pub async fn delete_topics(config: &Config) {
+    let names: Vec<String> = service::topic_specs(config)
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    crate::services::fixture::Topics::adopt(&config.kafka.bootstrap_servers, &names)
+        .delete()
+        .await;
 }
 
 /// How long the harness's metadata, watermark and offset requests may take.

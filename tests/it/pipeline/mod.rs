@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use hookline::config::Config;
-use hookline::id::{EventId, Tenant};
+use hookline::id::{EndpointId, EventId, Tenant};
 use hookline::input::EventType;
 use hookline::record::{DeliveryRecord, UnixMillis, header};
 use hookline::retry_policy::DeadReason;
@@ -249,6 +249,20 @@ async fn gone_disables_the_endpoint(on: On) {
     p.stop().await;
 }
 
+/// A delivery record, as the fan-out makes it, of `event` (tenant `acme`, type
+/// `order.created`, now) to `endpoint` with `body`.
+fn delivery(event: &str, endpoint: &EndpointId, body: &'static [u8]) -> DeliveryRecord {
+    DeliveryRecord::new(
+        EventId::parse(event).unwrap(),
+        endpoint.clone(),
+        Tenant::parse("acme").unwrap(),
+        EventType::parse("order.created").unwrap(),
+        UnixMillis::from(SystemTime::now()),
+        None,
+        Bytes::from_static(body),
+    )
+}
+
 /// A delivery for an endpoint deleted since its event was fanned out is dead-lettered as
 /// `endpoint_deleted`, with its body, once the instance has confirmed its endpoint view is
 /// current: it is not parked for ever waiting for the endpoint to appear.
@@ -263,15 +277,7 @@ async fn a_delivery_for_a_deleted_endpoint_is_dead_lettered(on: On) {
         .delete(&endpoint)
         .await
         .expect("endpoint deleted");
-    let record = DeliveryRecord::new(
-        EventId::parse("evt_gone").unwrap(),
-        endpoint.clone(),
-        Tenant::parse("acme").unwrap(),
-        EventType::parse("order.created").unwrap(),
-        UnixMillis::from(SystemTime::now()),
-        None,
-        Bytes::from_static(br#"{"gone":true}"#),
-    );
+    let record = delivery("evt_gone", &endpoint, br#"{"gone":true}"#);
     p.produce_delivery(&p.config.kafka.topics.deliveries, &record)
         .await;
     let dlq = p.read(&p.config.kafka.topics.dlq, 1, WAIT).await;
@@ -314,19 +320,8 @@ async fn a_lagging_endpoint_view_delays_a_delivery_instead_of_dead_lettering_it(
         }
     };
     send(&p.config.kafka.topics.endpoints, "ep_warmup", None).await;
-    let record = |id: &str, endpoint: &hookline::id::EndpointId| {
-        DeliveryRecord::new(
-            EventId::parse(id).unwrap(),
-            endpoint.clone(),
-            Tenant::parse("acme").unwrap(),
-            EventType::parse("order.created").unwrap(),
-            UnixMillis::from(SystemTime::now()),
-            None,
-            Bytes::from_static(b"{}"),
-        )
-    };
     let deliveries = p.config.kafka.topics.deliveries.clone();
-    harness::produce_delivery(&producer, &deliveries, &record("evt_warm", &warm)).await;
+    harness::produce_delivery(&producer, &deliveries, &delivery("evt_warm", &warm, b"{}")).await;
     r.wait_for(1, WAIT).await;
 
     split.slow_endpoints_broker(Duration::from_secs(4));
@@ -352,7 +347,12 @@ async fn a_lagging_endpoint_view_delays_a_delivery_instead_of_dead_lettering_it(
         Some(p.endpoint_value(&created)),
     ));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    harness::produce_delivery(&producer, &deliveries, &record("evt_new", &created.id)).await;
+    harness::produce_delivery(
+        &producer,
+        &deliveries,
+        &delivery("evt_new", &created.id, b"{}"),
+    )
+    .await;
     assert!(
         p.handles.view.get(&created.id).is_none(),
         "the view is behind when the delivery arrives"
@@ -1071,14 +1071,7 @@ async fn a_topic_that_refuses_large_records_stops_start_up() {
     hookline::service::prepare_topics(&config)
         .await
         .expect("the producers' limit lowered to the topic's");
-    let names: Vec<String> = hookline::service::topic_specs(&config)
-        .into_iter()
-        .map(|t| t.name)
-        .collect();
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    crate::services::fixture::Topics::adopt(&bootstrap, &names)
-        .delete()
-        .await;
+    harness::delete_topics(&config).await;
 }
 
 /// A delivery record the broker refuses is never settled. While the deliveries topic refuses
