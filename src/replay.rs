@@ -642,40 +642,35 @@ impl Checked<'_> {
             }
             let wait = idle_limit.saturating_sub(heard_at.elapsed()).min(POLL_WAIT);
             // The consumer's poll blocks; keep it off the async workers' backs.
+            let read_failed = |source| StopCause::Read {
+                bootstrap: target.bootstrap.clone(),
+                source,
+            };
             let msg = match tokio::task::block_in_place(|| consumer.poll(wait)) {
                 Some(Ok(m)) => m,
-                // End of partition before `last` is the end of what the replica being read
-                // holds so far (a follower behind its leader): the rest of the range may still
-                // come, within the idle limit.
-                None | Some(Err(KafkaError::PartitionEOF(_))) => {
+                Some(Err(source)) if read_error_is_final(&source) => {
+                    break Some(read_failed(source));
+                }
+                // Nothing yet; the end of partition before `last`, which is the end of what the
+                // replica being read holds so far (a follower behind its leader); or an error
+                // librdkafka retries by itself. The rest of the range may still come, within
+                // the idle limit; past it, the replay stops on the last such error, if any.
+                polled => {
+                    if let Some(Err(source)) = polled
+                        && !matches!(source, KafkaError::PartitionEOF(_))
+                    {
+                        tracing::warn!(error = %source, partition = request.partition, offset = next,
+                            "reading the DLQ failed; retrying");
+                        failing = Some(source);
+                    }
                     if heard_at.elapsed() >= idle_limit {
-                        break Some(match failing.take() {
-                            Some(source) => StopCause::Read {
-                                bootstrap: target.bootstrap.clone(),
-                                source,
-                            },
-                            None => StopCause::Idle(idle_limit),
-                        });
+                        break Some(
+                            failing
+                                .take()
+                                .map_or(StopCause::Idle(idle_limit), read_failed),
+                        );
                     }
                     continue;
-                }
-                Some(Err(source)) if !read_error_is_final(&source) => {
-                    tracing::warn!(error = %source, partition = request.partition, offset = next,
-                        "reading the DLQ failed; retrying");
-                    if heard_at.elapsed() < idle_limit {
-                        failing = Some(source);
-                        continue;
-                    }
-                    break Some(StopCause::Read {
-                        bootstrap: target.bootstrap.clone(),
-                        source,
-                    });
-                }
-                Some(Err(source)) => {
-                    break Some(StopCause::Read {
-                        bootstrap: target.bootstrap.clone(),
-                        source,
-                    });
                 }
             };
             heard_at = Instant::now();
