@@ -645,6 +645,29 @@ fn deliveries_reader(config: &Config, group: &str) -> rdkafka::consumer::BaseCon
     consumer
 }
 
+/// Records written to the delay tiers so far: their topics' end offsets, summed. The topics
+/// are this run's own, and in the throughput and latency runs every endpoint answers 200, so
+/// what a phase adds is what the delivery stage parked (a full lane, a slow endpoint's turns).
+/// Parked records cost the broker two more writes and reads each and come back late.
+fn tier_records(config: &Config) -> u64 {
+    use rdkafka::consumer::BaseConsumer;
+    let Ok(reader) = client_config(&config.kafka.bootstrap_servers, &config.kafka.client)
+        .create::<BaseConsumer>()
+    else {
+        return 0;
+    };
+    let mut total = 0;
+    for (_, topic) in config.tier_topics() {
+        for p in 0..config.kafka.partitions {
+            if let Ok((_, high)) = reader.fetch_watermarks(&topic, p as i32, Duration::from_secs(5))
+            {
+                total += u64::try_from(high).unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
 /// When the fan-out produced each delivery record of the events `first..first + n`: the
 /// record's timestamp (ms since the epoch) by (event sequence, endpoint index), read back from
 /// the deliveries topic. For the latency dump only; reading stops once every record is found
@@ -876,6 +899,8 @@ struct Report {
     body_seen: u64,
     throughput: Rate,
     throughput_cpu: Option<CpuUse>,
+    /// Records the delivery stage parked during the throughput run (see [`tier_records`]).
+    throughput_parked: u64,
     /// The paced run at half the sustained rate.
     latency: PacedRun,
     /// The sweep's paced runs.
@@ -1020,6 +1045,11 @@ impl Report {
         );
         row("ratio hookline / raw ceiling", format!("{ratio:.1}%"), "");
         row(
+            "  records parked during it",
+            format!("{}", self.throughput_parked),
+            "",
+        );
+        row(
             "latency run rate (deliveries/s)",
             format!("{:.0}", self.latency.rate),
             "",
@@ -1068,6 +1098,11 @@ impl Report {
         row(
             "  delivered / expected",
             format!("{} / {}", self.latency.delivered, self.latency.expected),
+            "",
+        );
+        row(
+            "  records parked during it",
+            format!("{}", self.latency.parked),
             "",
         );
         for (clock, st) in ["runtime", "thread"].iter().zip(&self.latency.stalls) {
@@ -1278,6 +1313,8 @@ struct PacedRun {
     cpu: Option<CpuUse>,
     /// Late ticks on the runtime and on a plain thread.
     stalls: [Stalls; 2],
+    /// Records the delivery stage parked during the measured run (see [`tier_records`]).
+    parked: u64,
 }
 
 impl Paced<'_> {
@@ -1336,6 +1373,7 @@ impl Paced<'_> {
             n * e,
             s.latency + Duration::from_secs(20),
         );
+        let parked_before = tokio::task::block_in_place(|| tier_records(self.config));
         let cpu_before = cpu_sample(self.broker);
         let ticking = CancellationToken::new();
         let (rt_ticks, thread_ticks) = (
@@ -1358,6 +1396,8 @@ impl Paced<'_> {
             thread_ticks.join().unwrap_or_default(),
         ];
         let cpu = cpu_use(cpu_before, cpu_sample(self.broker), rate.delivered);
+        let parked =
+            tokio::task::block_in_place(|| tier_records(self.config)).saturating_sub(parked_before);
         rx.state.recording.store(false, Ordering::Relaxed);
         let arrivals =
             std::mem::take(&mut *rx.state.arrivals.lock().unwrap_or_else(|e| e.into_inner()));
@@ -1405,6 +1445,7 @@ impl Paced<'_> {
             windows,
             cpu,
             stalls,
+            parked,
         }
     }
 }
@@ -1538,6 +1579,7 @@ async fn run(s: Settings) -> Report {
     // 3. Throughput: produce everything, watch the receiver.
     let expected = s.events * e;
     let watcher = rx.spawn_watch(all.clone(), expected, s.phase_deadline);
+    let parked_before = tokio::task::block_in_place(|| tier_records(&config));
     let cpu_before = cpu_sample(broker.as_deref());
     produce(&producer, &topic, ('t', 0), s.events, s.body_bytes, None).await;
     let throughput = watcher.await.expect("watcher");
@@ -1546,8 +1588,10 @@ async fn run(s: Settings) -> Report {
         cpu_sample(broker.as_deref()),
         throughput.delivered,
     );
+    let throughput_parked =
+        tokio::task::block_in_place(|| tier_records(&config)).saturating_sub(parked_before);
     eprintln!(
-        "bench: sustained {:.0} deliveries/s ({} / {})",
+        "bench: sustained {:.0} deliveries/s ({} / {}), {throughput_parked} records parked",
         throughput.steady_per_s, throughput.delivered, throughput.expected
     );
     // Let a short run's stragglers land so they do not count in the next phase.
@@ -1717,6 +1761,7 @@ async fn run(s: Settings) -> Report {
         throughput,
         raw_cpu_us,
         throughput_cpu,
+        throughput_parked,
         latency,
         sweep,
         baseline,
