@@ -36,9 +36,12 @@ use crate::id::EndpointId;
 pub use crate::endpoint::{MAX_IN_FLIGHT_CEILING, MAX_RATE_PER_S, MIN_RATE_PER_S};
 /// Factor applied to the concurrency limit on an overload signal.
 const DECREASE_FACTOR: f64 = 0.5;
-/// Weight of each new answer time in an endpoint's moving average: about the last eight
-/// answers count, so a receiver that slows down or recovers shows within a few round trips.
-const LATENCY_WEIGHT: f64 = 0.25;
+/// How long an answer time counts in an endpoint's average: its weight falls by e each
+/// `ANSWER_TIME_HORIZON` after it. The average follows what an endpoint did over about the
+/// last second, however many answers that is: a receiver that slows down shows within a
+/// second or two, and one request held up a moment (a pause on a busy machine) among a fast
+/// endpoint's thousands does not make it look slow.
+const ANSWER_TIME_HORIZON: Duration = Duration::from_secs(1);
 
 /// One endpoint's admission settings, taken from the endpoint's record.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -420,23 +423,40 @@ impl Permit {
     }
 }
 
-/// A moving average of how long an endpoint takes to answer (exponentially weighted), measured
-/// from admission to release. `None` until the first answer.
+/// How long an endpoint takes to answer, measured from admission to release: the mean of its
+/// answers, each weighted down by its age (see [`ANSWER_TIME_HORIZON`]). `None` until the
+/// first answer.
+///
+/// Weighting by age rather than by count matters for fast endpoints: with each answer given a
+/// fixed share (a quarter, once), an endpoint answering thousands of requests a second was
+/// judged by its last few milliseconds, and a single request that took 2 s put its average at
+/// half a second. Its send rate then read a few dozen a second, and the delivery stage parked
+/// most of a healthy backlog as if the endpoint were slow.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct AnswerTime(Option<f64>);
+struct AnswerTime {
+    /// The answers' seconds and their count, both weighted by age as of `at`.
+    secs: f64,
+    weight: f64,
+    /// When the last answer came.
+    at: Option<Instant>,
+}
 
 impl AnswerTime {
-    fn observe(&mut self, took: Duration) {
-        let secs = took.as_secs_f64();
-        self.0 = Some(match self.0 {
-            None => secs,
-            Some(avg) => avg + LATENCY_WEIGHT * (secs - avg),
+    fn observe(&mut self, took: Duration, now: Instant) {
+        let keep = self.at.map_or(0.0, |at| {
+            let age = now.saturating_duration_since(at);
+            (-age.as_secs_f64() / ANSWER_TIME_HORIZON.as_secs_f64()).exp()
         });
+        self.secs = self.secs * keep + took.as_secs_f64();
+        self.weight = self.weight * keep + 1.0;
+        self.at = Some(now);
     }
 
     /// The average in seconds, if any answer took measurable time.
     fn secs(self) -> Option<f64> {
-        self.0.filter(|s| *s > 0.0)
+        (self.weight > 0.0)
+            .then(|| self.secs / self.weight)
+            .filter(|s| *s > 0.0)
     }
 }
 
@@ -545,7 +565,7 @@ impl Lanes {
         if outcome == Some(Outcome::Healthy) {
             entry
                 .answer_time
-                .observe(now.saturating_duration_since(permit.started));
+                .observe(now.saturating_duration_since(permit.started), now);
         }
         entry.lane.release(permit.lane, outcome);
         match outcome {
@@ -1120,23 +1140,74 @@ mod tests {
         lanes.release(one, Some(Outcome::Healthy), Instant::now());
     }
 
+    fn close(a: Option<f64>, b: f64) -> bool {
+        a.is_some_and(|a| (a - b).abs() < 1e-9)
+    }
+
     #[test]
-    fn the_answer_time_is_a_moving_average_from_the_first_answer() {
+    fn the_answer_time_is_a_mean_weighted_by_age() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + MS(ms);
         let mut t = AnswerTime::default();
         assert_eq!(t.secs(), None);
-        t.observe(Duration::ZERO);
+        t.observe(Duration::ZERO, at(0));
         assert_eq!(t.secs(), None, "an answer in no time says nothing");
-        t.observe(Duration::from_secs(2));
-        assert_eq!(t.secs(), Some(0.5), "0 + (2 - 0) / 4");
+        t.observe(Duration::from_secs(2), at(0));
+        assert_eq!(t.secs(), Some(1.0), "two answers at once weigh the same");
+
         let mut t = AnswerTime::default();
-        t.observe(Duration::from_secs(2));
+        t.observe(Duration::from_secs(2), at(0));
         assert_eq!(t.secs(), Some(2.0), "the first answer is the average");
-        t.observe(Duration::from_secs(6));
-        assert_eq!(t.secs(), Some(3.0), "2 + (6 - 2) / 4");
-        for _ in 0..40 {
-            t.observe(MS(500));
-        }
+        // One horizon later the first answer weighs 1/e against the new one's 1.
+        t.observe(Duration::from_secs(6), at(1000));
+        let k = (-1.0f64).exp();
+        assert!(close(t.secs(), (2.0 * k + 6.0) / (k + 1.0)), "{t:?}");
+        // A long silence leaves the old answers next to nothing.
+        t.observe(MS(500), at(60_000));
         assert!((t.secs().unwrap() - 0.5).abs() < 1e-3, "{t:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_slow_answer_among_many_fast_ones_barely_moves_the_rate() {
+        // A fast endpoint: 16 slots, answers in 5 ms. One request is held up 2 s (a pause on
+        // a busy machine) while the others go on answering in 5 ms.
+        let mut lanes = Lanes::new(LanesConfig::default());
+        let e = ep("ep_1");
+        let c = cfg(16, None);
+        for _ in 0..200 {
+            let p = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+            advance(MS(5)).await;
+            lanes.release(p, Some(Outcome::Healthy), Instant::now());
+        }
+        let fast = lanes.throughput(&e).unwrap();
+        assert!((fast - 16.0 / 0.005).abs() < 1.0, "{fast}");
+        let held = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+        for _ in 0..400 {
+            let p = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+            advance(MS(5)).await;
+            lanes.release(p, Some(Outcome::Healthy), Instant::now());
+        }
+        lanes.release(held, Some(Outcome::Healthy), Instant::now());
+        // Its ~175 answers of the last second against the one of 2 s: about 16 ms on average,
+        // 16 / 0.016 = 1,000 a second. With each answer given a quarter, it read 16 / 0.5 = 32.
+        let after = lanes.throughput(&e).unwrap();
+        assert!(
+            after > 800.0,
+            "one 2 s answer took the rate to {after:.0}/s"
+        );
+
+        // An endpoint that really turns slow shows within a few seconds.
+        for _ in 0..5 {
+            let ps: Vec<_> = (0..16)
+                .map(|_| lanes.try_acquire(&e, c, Instant::now()).unwrap())
+                .collect();
+            advance(Duration::from_secs(1)).await;
+            for p in ps {
+                lanes.release(p, Some(Outcome::Healthy), Instant::now());
+            }
+        }
+        let slow = lanes.throughput(&e).unwrap();
+        assert!(slow < 20.0, "1 s answers for 5 s still read {slow:.0}/s");
     }
 
     #[tokio::test(start_paused = true)]
@@ -1155,11 +1226,14 @@ mod tests {
         lanes.release(b, Some(Outcome::Healthy), Instant::now());
         assert_eq!(lanes.throughput(&e), Some(2.0), "2 at a time, 1 s each");
 
-        // Answers that take 3 s pull the average up: 1 + (3 - 1) / 4 = 1.5 s.
+        // An answer that takes 3 s pulls the average up; the one before it, 3 s old, weighs
+        // e^-3.
         let a = lanes.try_acquire(&e, c, Instant::now()).unwrap();
         advance(Duration::from_secs(3)).await;
         lanes.release(a, Some(Outcome::Healthy), Instant::now());
-        assert_eq!(lanes.throughput(&e), Some(2.0 / 1.5));
+        let k = (-3.0f64).exp();
+        let avg = (k + 3.0) / (k + 1.0);
+        assert!(close(lanes.throughput(&e), 2.0 / avg));
 
         // An overload halves the limit, and what the endpoint completes with it; its time (a
         // 15 s timeout here) is not an answer time, nor is a failure to connect.
@@ -1167,11 +1241,11 @@ mod tests {
         advance(Duration::from_secs(15)).await;
         lanes.release(a, Some(Outcome::Overload), Instant::now());
         assert_eq!(lanes.lane(&e).unwrap().limit(), 1);
-        assert_eq!(lanes.throughput(&e), Some(1.0 / 1.5));
+        assert!(close(lanes.throughput(&e), 1.0 / avg));
         let a = lanes.try_acquire(&e, c, Instant::now()).unwrap();
         advance(Duration::from_secs(10)).await;
         lanes.release(a, Some(Outcome::Unreachable), Instant::now());
-        assert_eq!(lanes.throughput(&e), Some(1.0 / 1.5));
+        assert!(close(lanes.throughput(&e), 1.0 / avg));
         assert!(lanes.remove(&e));
         assert_eq!(lanes.throughput(&e), None, "forgotten with its lane");
     }
