@@ -466,11 +466,14 @@ mod tests {
         late_task.await.unwrap();
     }
 
-    #[tokio::test]
-    async fn a_confirmation_covers_every_write_made_before_it_was_asked() {
+    /// Writes `writes` endpoints to a topic of `partitions`, the view's next `failed_fetches`
+    /// fetches failing (a fetch backoff each) while watermark requests are answered at once;
+    /// then asks for a confirmation and checks that, once given, the view holds every write.
+    async fn confirm_after_writes(partitions: i32, writes: usize, failed_fetches: usize) {
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
         let mock = MockCluster::new(1).unwrap();
         let topic = "hookline.endpoints";
-        mock.create_topic(topic, 3, 1).unwrap();
+        mock.create_topic(topic, partitions, 1).unwrap();
         let bootstrap = mock.bootstrap_servers();
         let key = MasterKey::generate();
         let shutdown = CancellationToken::new();
@@ -480,7 +483,11 @@ mod tests {
             .unwrap();
         view.wait_caught_up(WAIT).await.unwrap();
 
-        let written: Vec<Endpoint> = (0..20).map(|_| endpoint("acme")).collect();
+        mock.request_errors(
+            RDKafkaApiKey::Fetch,
+            &vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; failed_fetches],
+        );
+        let written: Vec<Endpoint> = (0..writes).map(|_| endpoint("acme")).collect();
         for e in &written {
             let value = encode(e, &key);
             raw_produce(&bootstrap, topic, e.id.as_str().as_bytes(), Some(&value)).await;
@@ -503,6 +510,18 @@ mod tests {
         }
         shutdown.cancel();
         task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_confirmation_covers_every_write_made_before_it_was_asked() {
+        confirm_after_writes(3, 20, 0).await;
+    }
+
+    #[tokio::test]
+    async fn a_confirmation_waits_for_the_view_to_apply_what_the_topic_held() {
+        // The topic's end is known long before the view has read up to it: a confirmation
+        // given on the watermarks alone would vouch for a write the view lacks.
+        confirm_after_writes(1, 1, 4).await;
     }
 
     #[tokio::test]
