@@ -30,6 +30,10 @@
 //!    ceiling far from the first (more than [`HOST_DRIFT`] either way) gets a note, since the
 //!    phases between then ran on a host of unknown speed.
 //!
+//! The throughput and latency phases also report how many records the delivery stage parked
+//! (what the run's delay-tier topics gained; every endpoint answers 200 there, so any is a
+//! healthy endpoint's record sent the long way round).
+//!
 //! The throughput and latency phases also report CPU per delivery (from `/proc`): this process
 //! (hookline, the receiver and the load generator together) and, when the broker runs on this
 //! machine, Kafka; and how busy the whole machine was. A p99 far above p50 on a machine near
@@ -645,27 +649,71 @@ fn deliveries_reader(config: &Config, group: &str) -> rdkafka::consumer::BaseCon
     consumer
 }
 
-/// Records written to the delay tiers so far: their topics' end offsets, summed. The topics
-/// are this run's own, and in the throughput and latency runs every endpoint answers 200, so
-/// what a phase adds is what the delivery stage parked (a full lane, a slow endpoint's turns).
-/// Parked records cost the broker two more writes and reads each and come back late.
-fn tier_records(config: &Config) -> u64 {
+/// Records written to each delay tier so far (its topic's end offsets, summed), shortest tier
+/// first. The topics are this run's own, and in the throughput and latency runs every endpoint
+/// answers 200, so what a phase adds is what the delivery stage parked: in the shortest tier a
+/// full lane or a slow endpoint's turn, in the tier of the HTTP timeout a stalled endpoint
+/// (every slot taken, no answer for `delivery.stall_after`). Parked records cost the broker two
+/// more writes and reads each and come back late.
+fn tier_records(config: &Config) -> Parked {
     use rdkafka::consumer::BaseConsumer;
-    let Ok(reader) = client_config(&config.kafka.bootstrap_servers, &config.kafka.client)
+    let reader = client_config(&config.kafka.bootstrap_servers, &config.kafka.client)
         .create::<BaseConsumer>()
-    else {
-        return 0;
-    };
-    let mut total = 0;
-    for (_, topic) in config.tier_topics() {
-        for p in 0..config.kafka.partitions {
-            if let Ok((_, high)) = reader.fetch_watermarks(&topic, p as i32, Duration::from_secs(5))
-            {
-                total += u64::try_from(high).unwrap_or(0);
-            }
-        }
+        .expect("tier reader");
+    let by_tier = config
+        .tier_topics()
+        .into_iter()
+        .map(|(tier, topic)| {
+            let records = (0..config.kafka.partitions)
+                .filter_map(|p| {
+                    reader
+                        .fetch_watermarks(&topic, p as i32, Duration::from_secs(5))
+                        .ok()
+                })
+                .map(|(_, high)| u64::try_from(high).unwrap_or(0))
+                .sum();
+            (tier, records)
+        })
+        .collect();
+    Parked(by_tier)
+}
+
+/// Records by delay tier (see [`tier_records`]).
+#[derive(Debug, Clone, Default)]
+struct Parked(Vec<(Duration, u64)>);
+
+impl Parked {
+    /// What was parked between `before` and this count.
+    fn since(&self, before: &Parked) -> Parked {
+        Parked(
+            self.0
+                .iter()
+                .zip(&before.0)
+                .map(|(&(tier, now), &(_, then))| (tier, now.saturating_sub(then)))
+                .collect(),
+        )
     }
-    total
+
+    fn total(&self) -> u64 {
+        self.0.iter().map(|(_, n)| n).sum()
+    }
+}
+
+impl std::fmt::Display for Parked {
+    /// The total, and the tiers that got any: `345 (5s: 300, 30s: 45)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.total())?;
+        let tiers: Vec<String> = self
+            .0
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(tier, n)| format!("{}s: {n}", tier.as_secs()))
+            .collect();
+        if !tiers.is_empty() {
+            write!(f, " ({})", tiers.join(", "))?;
+        }
+        Ok(())
+    }
 }
 
 /// When the fan-out produced each delivery record of the events `first..first + n`: the
@@ -900,7 +948,7 @@ struct Report {
     throughput: Rate,
     throughput_cpu: Option<CpuUse>,
     /// Records the delivery stage parked during the throughput run (see [`tier_records`]).
-    throughput_parked: u64,
+    throughput_parked: Parked,
     /// The paced run at half the sustained rate.
     latency: PacedRun,
     /// The sweep's paced runs.
@@ -1046,7 +1094,7 @@ impl Report {
         row("ratio hookline / raw ceiling", format!("{ratio:.1}%"), "");
         row(
             "  records parked during it",
-            format!("{}", self.throughput_parked),
+            self.throughput_parked.to_string(),
             "",
         );
         row(
@@ -1102,7 +1150,7 @@ impl Report {
         );
         row(
             "  records parked during it",
-            format!("{}", self.latency.parked),
+            self.latency.parked.to_string(),
             "",
         );
         for (clock, st) in ["runtime", "thread"].iter().zip(&self.latency.stalls) {
@@ -1314,7 +1362,7 @@ struct PacedRun {
     /// Late ticks on the runtime and on a plain thread.
     stalls: [Stalls; 2],
     /// Records the delivery stage parked during the measured run (see [`tier_records`]).
-    parked: u64,
+    parked: Parked,
 }
 
 impl Paced<'_> {
@@ -1397,7 +1445,7 @@ impl Paced<'_> {
         ];
         let cpu = cpu_use(cpu_before, cpu_sample(self.broker), rate.delivered);
         let parked =
-            tokio::task::block_in_place(|| tier_records(self.config)).saturating_sub(parked_before);
+            tokio::task::block_in_place(|| tier_records(self.config)).since(&parked_before);
         rx.state.recording.store(false, Ordering::Relaxed);
         let arrivals =
             std::mem::take(&mut *rx.state.arrivals.lock().unwrap_or_else(|e| e.into_inner()));
@@ -1589,7 +1637,7 @@ async fn run(s: Settings) -> Report {
         throughput.delivered,
     );
     let throughput_parked =
-        tokio::task::block_in_place(|| tier_records(&config)).saturating_sub(parked_before);
+        tokio::task::block_in_place(|| tier_records(&config)).since(&parked_before);
     eprintln!(
         "bench: sustained {:.0} deliveries/s ({} / {}), {throughput_parked} records parked",
         throughput.steady_per_s, throughput.delivered, throughput.expected
