@@ -1689,12 +1689,19 @@ mod tests {
         stage.shed_excess(&id);
         assert_eq!(stage.queues[&id].len(), 20, "nothing to go by yet");
 
-        // One answer after 1 s, its slot taken again: 2 slots of 1 s send 2 a second, and the
-        // shortest tier (1 s) holds 2.
+        // One answer after 1 s, its slot taken again: one round is no evidence yet.
         stage
             .lanes
             .release(first, Some(breaker::Outcome::Healthy), t0 + s(1));
-        let _third = stage.lanes.try_acquire(&id, cfg, t0 + s(1)).unwrap();
+        let third = stage.lanes.try_acquire(&id, cfg, t0 + s(1)).unwrap();
+        stage.shed_excess(&id);
+        assert_eq!(stage.queues[&id].len(), 20, "one round to go by");
+        // Another answer after 1 s, a second later: 2 slots of 1 s send 2 a second, and the
+        // shortest tier (1 s) holds 2.
+        stage
+            .lanes
+            .release(third, Some(breaker::Outcome::Healthy), t0 + s(2));
+        let _fourth = stage.lanes.try_acquire(&id, cfg, t0 + s(2)).unwrap();
         assert_eq!(stage.lanes.throughput(&id), Some(2.0));
         stage.shed_excess(&id);
         let queued: Vec<i64> = stage.queues[&id].iter().map(|q| q.offset).collect();

@@ -424,14 +424,19 @@ impl Permit {
 }
 
 /// How long an endpoint takes to answer, measured from admission to release: the mean of its
-/// answers, each weighted down by its age (see [`ANSWER_TIME_HORIZON`]). `None` until the
-/// first answer.
+/// answers, each weighted down by its age (see [`ANSWER_TIME_HORIZON`]). Known once its
+/// answers span a horizon: from one round of answers after a quiet spell it is `None`.
 ///
 /// Weighting by age rather than by count matters for fast endpoints: with each answer given a
 /// fixed share (a quarter, once), an endpoint answering thousands of requests a second was
 /// judged by its last few milliseconds, and a single request that took 2 s put its average at
 /// half a second. Its send rate then read a few dozen a second, and the delivery stage parked
 /// most of a healthy backlog as if the endpoint were slow.
+///
+/// The first answers after a quiet spell are no evidence on their own: a burst after a pause
+/// opens new connections (and TLS sessions) and meets a busy machine, so its first round of
+/// answers comes slowly, and the endpoint's backlog was parked on it (57-948 records at the
+/// start of a bench throughput run where every endpoint answered at once).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct AnswerTime {
     /// The answers' seconds and their count, both weighted by age as of `at`.
@@ -439,24 +444,48 @@ struct AnswerTime {
     weight: f64,
     /// When the last answer came.
     at: Option<Instant>,
+    /// When the first answer after the last quiet spell came.
+    since: Option<Instant>,
 }
 
 impl AnswerTime {
     fn observe(&mut self, took: Duration, now: Instant) {
-        let keep = self.at.map_or(0.0, |at| {
-            let age = now.saturating_duration_since(at);
-            (-age.as_secs_f64() / ANSWER_TIME_HORIZON.as_secs_f64()).exp()
-        });
+        let horizon = ANSWER_TIME_HORIZON.as_secs_f64();
+        // Quiet: no answer for three horizons, or three answer times for a slow endpoint
+        // (whose rounds come that far apart).
+        let quiet = horizon.max(self.mean().unwrap_or(0.0)) * 3.0;
+        let keep = match self.at {
+            Some(at) => {
+                let age = now.saturating_duration_since(at).as_secs_f64();
+                if age > quiet {
+                    self.since = Some(now);
+                }
+                (-age / horizon).exp()
+            }
+            None => {
+                self.since = Some(now);
+                0.0
+            }
+        };
         self.secs = self.secs * keep + took.as_secs_f64();
         self.weight = self.weight * keep + 1.0;
         self.at = Some(now);
     }
 
-    /// The average in seconds, if any answer took measurable time.
-    fn secs(self) -> Option<f64> {
+    fn mean(self) -> Option<f64> {
         (self.weight > 0.0)
             .then(|| self.secs / self.weight)
             .filter(|s| *s > 0.0)
+    }
+
+    /// The average in seconds, once the answers since the last quiet spell span a horizon and
+    /// took measurable time.
+    fn secs(self) -> Option<f64> {
+        let span = self.at?.saturating_duration_since(self.since?);
+        if span < ANSWER_TIME_HORIZON {
+            return None;
+        }
+        self.mean()
     }
 }
 
@@ -1151,20 +1180,70 @@ mod tests {
         let mut t = AnswerTime::default();
         assert_eq!(t.secs(), None);
         t.observe(Duration::ZERO, at(0));
-        assert_eq!(t.secs(), None, "an answer in no time says nothing");
-        t.observe(Duration::from_secs(2), at(0));
-        assert_eq!(t.secs(), Some(1.0), "two answers at once weigh the same");
+        t.observe(Duration::ZERO, at(1000));
+        assert_eq!(t.secs(), None, "answers in no time say nothing");
+        t.observe(Duration::from_secs(2), at(1000));
+        let k = (-1.0f64).exp();
+        assert!(
+            close(t.secs(), 2.0 / (k + 2.0)),
+            "two answers at once weigh the same, one a horizon older 1/e: {t:?}"
+        );
 
         let mut t = AnswerTime::default();
         t.observe(Duration::from_secs(2), at(0));
-        assert_eq!(t.secs(), Some(2.0), "the first answer is the average");
-        // One horizon later the first answer weighs 1/e against the new one's 1.
+        assert_eq!(t.secs(), None, "one answer is no evidence yet");
+        t.observe(Duration::from_secs(2), at(999));
+        assert_eq!(t.secs(), None, "nor answers spanning less than a horizon");
+        // One horizon after the first, it weighs 1/e against the new one's 1.
         t.observe(Duration::from_secs(6), at(1000));
-        let k = (-1.0f64).exp();
-        assert!(close(t.secs(), (2.0 * k + 6.0) / (k + 1.0)), "{t:?}");
-        // A long silence leaves the old answers next to nothing.
+        let k999 = (-0.001f64).exp();
+        let (sum, weight) = ((2.0 * k + 2.0 * k999) + 6.0, (k + k999) + 1.0);
+        assert!(close(t.secs(), sum / weight), "{t:?}");
+        // After a quiet spell (three horizons, or three answer times if longer), the evidence
+        // starts again: what came before is next to nothing by then.
         t.observe(MS(500), at(60_000));
+        assert_eq!(t.secs(), None, "one answer after a quiet spell");
+        t.observe(MS(500), at(61_000));
         assert!((t.secs().unwrap() - 0.5).abs() < 1e-3, "{t:?}");
+        // A slow endpoint's rounds come an answer time apart: that is no quiet spell.
+        let mut t = AnswerTime::default();
+        t.observe(Duration::from_secs(5), at(5000));
+        t.observe(Duration::from_secs(5), at(10_000));
+        assert!(close(t.secs(), 5.0), "{t:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cold_first_round_after_a_quiet_spell_is_no_evidence() {
+        // A fast endpoint (16 slots, 5 ms answers) is idle, then a burst: its first 16
+        // answers take 200 ms (new connections on a busy machine), the rest 5 ms.
+        let mut lanes = Lanes::new(LanesConfig::default());
+        let e = ep("ep_1");
+        let c = cfg(16, None);
+        let round = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+        advance(MS(5)).await;
+        lanes.release(round, Some(Outcome::Healthy), Instant::now());
+        advance(Duration::from_secs(30)).await;
+        let round: Vec<_> = (0..16)
+            .map(|_| lanes.try_acquire(&e, c, Instant::now()).unwrap())
+            .collect();
+        advance(MS(200)).await;
+        for p in round {
+            lanes.release(p, Some(Outcome::Healthy), Instant::now());
+        }
+        // Taken at its word, 16 / 0.2 = 80 a second, and its backlog beyond 80 times the
+        // shortest tier would be parked.
+        assert_eq!(
+            lanes.throughput(&e),
+            None,
+            "a cold round alone says nothing"
+        );
+        for _ in 0..200 {
+            let p = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+            advance(MS(5)).await;
+            lanes.release(p, Some(Outcome::Healthy), Instant::now());
+        }
+        let rate = lanes.throughput(&e).unwrap();
+        assert!(rate > 1000.0, "{rate:.0}/s");
     }
 
     #[tokio::test(start_paused = true)]
@@ -1174,7 +1253,7 @@ mod tests {
         let mut lanes = Lanes::new(LanesConfig::default());
         let e = ep("ep_1");
         let c = cfg(16, None);
-        for _ in 0..200 {
+        for _ in 0..300 {
             let p = lanes.try_acquire(&e, c, Instant::now()).unwrap();
             advance(MS(5)).await;
             lanes.release(p, Some(Outcome::Healthy), Instant::now());
@@ -1224,15 +1303,19 @@ mod tests {
         lanes.release(a, None, Instant::now());
         assert_eq!(lanes.throughput(&e), None);
         lanes.release(b, Some(Outcome::Healthy), Instant::now());
+        assert_eq!(lanes.throughput(&e), None, "one round is no evidence yet");
+        let b = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+        advance(Duration::from_secs(1)).await;
+        lanes.release(b, Some(Outcome::Healthy), Instant::now());
         assert_eq!(lanes.throughput(&e), Some(2.0), "2 at a time, 1 s each");
 
-        // An answer that takes 3 s pulls the average up; the one before it, 3 s old, weighs
-        // e^-3.
+        // An answer that takes 3 s pulls the average up; the ones before it, 3 and 4 s old,
+        // weigh e^-3 and e^-4.
         let a = lanes.try_acquire(&e, c, Instant::now()).unwrap();
         advance(Duration::from_secs(3)).await;
         lanes.release(a, Some(Outcome::Healthy), Instant::now());
-        let k = (-3.0f64).exp();
-        let avg = (k + 3.0) / (k + 1.0);
+        let (k3, k4) = ((-3.0f64).exp(), (-4.0f64).exp());
+        let avg = (k4 + k3 + 3.0) / (k4 + k3 + 1.0);
         assert!(close(lanes.throughput(&e), 2.0 / avg));
 
         // An overload halves the limit, and what the endpoint completes with it; its time (a
