@@ -32,11 +32,9 @@
 //!
 //! The throughput and latency phases also report how many records the delivery stage parked
 //! (what the run's delay-tier topics gained; every endpoint answers 200 there, so any is a
-//! healthy endpoint's record sent the long way round).
-//!
-//! The throughput and latency phases also report CPU per delivery (from `/proc`): this process
-//! (hookline, the receiver and the load generator together) and, when the broker runs on this
-//! machine, Kafka; and how busy the whole machine was. A p99 far above p50 on a machine near
+//! healthy endpoint's record sent the long way round), and CPU per delivery (from `/proc`):
+//! this process (hookline, the receiver and the load generator together) and, when the broker
+//! runs on this machine, Kafka; and how busy the whole machine was. A p99 far above p50 on a machine near
 //! 100% busy is queueing for the CPU, not a stall in hookline. Each CPU figure is also given in
 //! raw-ceiling requests: this process's CPU per request of phase 1 (one HTTP exchange, client and
 //! server) measured in the same run, so runs on hosts of different speed compare.
