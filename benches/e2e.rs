@@ -34,10 +34,11 @@
 //! (what the run's delay-tier topics gained; every endpoint answers 200 there, so any is a
 //! healthy endpoint's record sent the long way round), and CPU per delivery (from `/proc`):
 //! this process (hookline, the receiver and the load generator together) and, when the broker
-//! runs on this machine, Kafka; and how busy the whole machine was. A p99 far above p50 on a machine near
-//! 100% busy is queueing for the CPU, not a stall in hookline. Each CPU figure is also given in
-//! raw-ceiling requests: this process's CPU per request of phase 1 (one HTTP exchange, client and
-//! server) measured in the same run, so runs on hosts of different speed compare.
+//! runs on this machine, Kafka; and how busy the whole machine was. A p99 far above p50 on a
+//! machine near 100% busy is queueing for the CPU, not a stall in hookline. Each CPU figure is
+//! also given in raw-ceiling requests: this process's CPU per request of phase 1 (one HTTP
+//! exchange, client and server) measured in the same run, so runs on hosts of different speed
+//! compare.
 //!
 //! `HOOKLINE_BENCH_SWEEP=0.1,0.25,0.75` adds paced runs at those shares of the sustained rate
 //! after the half-rate one (each with its warm-up), and a table of p50, p99, CPU, machine busy and
@@ -64,7 +65,10 @@
 //! The broker's CPU is read when the process listening on the bootstrap port runs here.
 //! Knobs (environment): `HOOKLINE_BENCH_EVENTS` (throughput events, default 20000),
 //! `HOOKLINE_BENCH_ENDPOINTS` (10), `HOOKLINE_BENCH_PARTITIONS` (12), `HOOKLINE_BENCH_BODY`
-//! (delivered body bytes, 1024), `HOOKLINE_BENCH_STORE` (`memory` | `scylla`: the CQL store of
+//! (delivered body bytes, 1024), `HOOKLINE_BENCH_PAD` (what fills a body beyond its JSON frame:
+//! `random` letters and digits, new for every event, or `repeat`, one letter; see [`Pad`]),
+//! `HOOKLINE_BENCH_CLIENT` (`k=v,...`: librdkafka properties for hookline's clients, as
+//! `kafka.client` would give them), `HOOKLINE_BENCH_STORE` (`memory` | `scylla`: the CQL store of
 //! `tests/services up`, keyspace `hookline`, migrated first),
 //! `HOOKLINE_BENCH_EVENT_PARTITIONS` (the events topic's, 1: see above),
 //! `HOOKLINE_BENCH_KAFKA` (bootstrap, 127.0.0.1:9092), `HOOKLINE_BENCH_LINGER_MS` (the load
@@ -130,7 +134,7 @@ struct Settings {
     endpoints: usize,
     partitions: u32,
     event_partitions: u32,
-    body_bytes: usize,
+    body: Body,
     store: String,
     kafka: String,
     linger_ms: u32,
@@ -159,7 +163,14 @@ impl Settings {
                 0 => panic!("HOOKLINE_BENCH_EVENT_PARTITIONS must be 1 or more"),
                 n => n,
             },
-            body_bytes: env("HOOKLINE_BENCH_BODY", 1024usize),
+            body: Body {
+                bytes: env("HOOKLINE_BENCH_BODY", 1024usize),
+                pad: match env("HOOKLINE_BENCH_PAD", "random".to_owned()).as_str() {
+                    "random" => Pad::Random,
+                    "repeat" => Pad::Repeat,
+                    other => panic!("HOOKLINE_BENCH_PAD={other:?}: random or repeat"),
+                },
+            },
             store: env("HOOKLINE_BENCH_STORE", "memory".to_owned()),
             kafka: env("HOOKLINE_BENCH_KAFKA", "127.0.0.1:9092".to_owned()),
             linger_ms: env("HOOKLINE_BENCH_LINGER_MS", 5u32),
@@ -435,17 +446,52 @@ async fn raw_ceiling(
     (n as f64 / started.elapsed().as_secs_f64(), cpu_us)
 }
 
-/// A native event of `body_bytes` as delivered (`{"id","type","timestamp","data"}`).
+/// A native event; hookline delivers its body as `{"id","type","timestamp","data"}`.
 fn event_json(id: &str, pad: &str) -> String {
     format!(r#"{{"id":"{id}","tenant":"bench","type":"bench.tick","payload":{{"pad":"{pad}"}}}}"#)
 }
 
-/// Bytes of the delivered body other than the pad, for an id of `id_len` characters:
+/// The events' delivered body (`HOOKLINE_BENCH_BODY`, `HOOKLINE_BENCH_PAD`).
+#[derive(Debug, Clone, Copy)]
+struct Body {
+    /// Its size in bytes.
+    bytes: usize,
+    /// What fills it beyond the JSON frame.
+    pad: Pad,
+}
+
+/// What fills an event's body up to its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pad {
+    /// Letters and digits drawn afresh for every event: a compressing producer finds nothing
+    /// in it (LZ4 leaves random text as it is), only in the JSON and headers around it. The
+    /// worst case for `compression.type`, and the default.
+    Random,
+    /// One letter repeated, as the bench's bodies were before this knob: LZ4 shrinks a batch
+    /// of them about fiftyfold, far more than any real payload.
+    Repeat,
+}
+
+impl Pad {
+    fn name(self) -> &'static str {
+        match self {
+            Pad::Random => "random",
+            Pad::Repeat => "repeat",
+        }
+    }
+}
+
+/// The pad of an event of `body` with an id of `id_len` characters: the body's bytes other than
 /// `{"id":"..","type":"bench.tick","timestamp":"2025-01-01T00:00:00.000Z","data":{"pad":".."}}`.
-fn pad_for(body_bytes: usize, id_len: usize) -> String {
+fn pad_for(body: Body, id_len: usize) -> String {
+    use rand::distr::{Alphanumeric, SampleString};
     let frame =
         r#"{"id":"","type":"bench.tick","timestamp":"2025-01-01T00:00:00.000Z","data":{"pad":""}}"#;
-    "x".repeat(body_bytes.saturating_sub(frame.len() + id_len))
+    let n = body.bytes.saturating_sub(frame.len() + id_len);
+    match body.pad {
+        Pad::Random => Alphanumeric.sample_string(&mut rand::rng(), n),
+        Pad::Repeat => "x".repeat(n),
+    }
 }
 
 /// Produces events `{prefix}{first}..{prefix}{first + n}`; paced at `per_s` events/s when
@@ -458,7 +504,7 @@ async fn produce(
     topic: &str,
     (prefix, first): (char, u64),
     n: u64,
-    body_bytes: usize,
+    body: Body,
     per_s: Option<f64>,
 ) -> Vec<u64> {
     let mut created = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
@@ -477,7 +523,7 @@ async fn produce(
             }
         }
         let id = format!("{prefix}{}", first + seq);
-        let pad = pad_for(body_bytes, id.len());
+        let pad = pad_for(body, id.len());
         let value = event_json(&id, &pad);
         loop {
             let record = FutureRecord::to(topic).key(&id).payload(&value);
@@ -1306,16 +1352,18 @@ impl Report {
         }
         println!(
             "settings: events={} (isolation {}), endpoints={} (all subscribed to *), partitions={} \
-             (events topic {}), delivered body={} B (asked {}), store={}, kafka={}, load generator \
-             linger.ms={}, max_in_flight/endpoint={}, http total timeout={:?}, raw: {} \
-             connections for {:?}, latency run {:?} after a {:?} warm-up, phase deadline {:?}",
+             (events topic {}), delivered body={} B (asked {}, {} pad), store={}, kafka={}, \
+             load generator linger.ms={}, max_in_flight/endpoint={}, http total timeout={:?}, \
+             raw: {} connections for {:?}, latency run {:?} after a {:?} warm-up, phase deadline \
+             {:?}",
             s.events,
             s.isolation_events,
             s.endpoints,
             s.partitions,
             s.event_partitions,
             self.body_seen,
-            s.body_bytes,
+            s.body.bytes,
+            s.body.pad.name(),
             s.store,
             s.kafka,
             s.linger_ms,
@@ -1399,7 +1447,7 @@ impl Paced<'_> {
                 self.topic,
                 ('p', *next_seq),
                 warm,
-                s.body_bytes,
+                s.body,
                 Some(events_per_s),
             )
             .await;
@@ -1431,7 +1479,7 @@ impl Paced<'_> {
             self.topic,
             (MEASURED, first),
             n,
-            s.body_bytes,
+            s.body,
             Some(events_per_s),
         )
         .await;
@@ -1538,7 +1586,7 @@ async fn run(s: Settings) -> Report {
     let rx = Receiver::start(s.endpoints, stop.clone()).await;
 
     // 1. The receiver's raw ceiling.
-    let raw_body = Bytes::from(vec![b'x'; s.body_bytes]);
+    let raw_body = Bytes::from(vec![b'x'; s.body.bytes]);
     eprintln!(
         "bench: raw ceiling, {} connections for {:?}",
         s.raw_connections, s.raw
@@ -1596,7 +1644,7 @@ async fn run(s: Settings) -> Report {
     let topic = config.kafka.topics.events.clone();
     let e = s.endpoints as u64;
     let all: Vec<usize> = (0..s.endpoints).collect();
-    let warm = produce(&producer, &topic, ('w', 0), 1, s.body_bytes, None).await;
+    let warm = produce(&producer, &topic, ('w', 0), 1, s.body, None).await;
     drop(warm);
     let warm_rate = watch_rate(e, Duration::from_secs(60), || rx.total(&all)).await;
     assert_eq!(
@@ -1627,7 +1675,7 @@ async fn run(s: Settings) -> Report {
     let watcher = rx.spawn_watch(all.clone(), expected, s.phase_deadline);
     let parked_before = tokio::task::block_in_place(|| tier_records(&config));
     let cpu_before = cpu_sample(broker.as_deref());
-    produce(&producer, &topic, ('t', 0), s.events, s.body_bytes, None).await;
+    produce(&producer, &topic, ('t', 0), s.events, s.body, None).await;
     let throughput = watcher.await.expect("watcher");
     let throughput_cpu = cpu_use(
         cpu_before,
@@ -1704,7 +1752,7 @@ async fn run(s: Settings) -> Report {
                 topic,
                 (prefix, 0),
                 s.isolation_events,
-                s.body_bytes,
+                s.body,
                 None,
             )
             .await;
