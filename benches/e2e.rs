@@ -4,8 +4,10 @@
 //! One run, six phases, each bounded in time:
 //! 1. raw ceiling: an in-process load generator (many keep-alive HTTP/1.1 connections, 1 KiB
 //!    POSTs) straight at the receiver;
-//! 2. warm-up: hookline starts on real Kafka with topics and groups unique to this run, the
-//!    endpoints are created, and one event goes through so every consumer group is assigned;
+//! 2. warm-up: hookline starts on real Kafka with topics and groups unique to this run (and with
+//!    its Prometheus recorder, as `hookline run` has it, so every metric costs what it does
+//!    there), the endpoints are created, and one event goes through so every consumer group is
+//!    assigned;
 //! 3. throughput: events are produced as fast as the producer takes them; sustained
 //!    deliveries/s is the receiver's rate between 10% and 90% of the deliveries (no warm-up, no
 //!    tail);
@@ -911,6 +913,9 @@ fn bench_config(s: &Settings, run: &str) -> Config {
     // Fewer tiers than the default six: less idle fetching, and parks in this run are short.
     c.retry.tiers = [5, 30, 120].map(Duration::from_secs).to_vec();
     c.http.total_timeout = s.timeout;
+    // `hookline run` records every metric through its Prometheus recorder, and so does the
+    // bench's hookline (see `main`), on a free port.
+    c.metrics.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     if let Some(m) = s.max_in_flight {
         c.delivery.max_in_flight = m;
     }
@@ -1604,6 +1609,9 @@ async fn run(s: Settings) -> Report {
     if config.store.kind == StoreKind::Scylla {
         migrate_store(&config).await;
     }
+    // As `hookline run` does before it starts the stages: without the recorder every metric
+    // would be a no-op, and a delivery would cost less here than it does in production.
+    service::install_metrics(&config).expect("hookline's metrics recorder");
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let handles = match service::start(&config, Role::All, &shutdown, &tasks).await {
