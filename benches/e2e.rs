@@ -33,8 +33,9 @@
 //!    phases between then ran on a host of unknown speed.
 //!
 //! The throughput and latency phases also report how many records the delivery stage parked
-//! (what the run's delay-tier topics gained; every endpoint answers 200 there, so any is a
-//! healthy endpoint's record sent the long way round), and CPU per delivery (from `/proc`):
+//! (what the run's delay-tier topics gained, and hookline's `hookline_parked_total` by reason;
+//! every endpoint answers 200 there, so any is a healthy endpoint's record sent the long way
+//! round), and CPU per delivery (from `/proc`):
 //! this process (hookline, the receiver and the load generator together) and, when the broker
 //! runs on this machine, Kafka; and how busy the whole machine was. A p99 far above p50 on a
 //! machine near 100% busy is queueing for the CPU, not a stall in hookline. Each CPU figure is
@@ -696,11 +697,12 @@ fn deliveries_reader(config: &Config, group: &str) -> rdkafka::consumer::BaseCon
 }
 
 /// Records written to each delay tier so far (its topic's end offsets, summed), shortest tier
-/// first. The topics are this run's own, and in the throughput and latency runs every endpoint
-/// answers 200, so what a phase adds is what the delivery stage parked: in the shortest tier a
-/// full lane or a slow endpoint's turn, in the tier of the HTTP timeout a stalled endpoint
-/// (every slot taken, no answer for `delivery.stall_after`). Parked records cost the broker two
-/// more writes and reads each and come back late.
+/// first, and hookline's own count of the records it parked, by reason (see
+/// [`parked_by_reason`]). The topics are this run's own, and in the throughput and latency runs
+/// every endpoint answers 200, so what a phase adds is what the delivery stage parked: in the
+/// shortest tier a full lane or a slow endpoint's turn, in the tier of the HTTP timeout a
+/// stalled endpoint (every slot taken, no answer for `delivery.stall_after`). Parked records
+/// cost the broker two more writes and reads each and come back late.
 fn tier_records(config: &Config) -> Parked {
     use rdkafka::consumer::BaseConsumer;
     let reader = client_config(&config.kafka.bootstrap_servers, &config.kafka.client)
@@ -721,42 +723,108 @@ fn tier_records(config: &Config) -> Parked {
             (tier, records)
         })
         .collect();
-    Parked(by_tier)
+    Parked {
+        by_tier,
+        by_reason: parked_by_reason(config.metrics.listen),
+    }
 }
 
-/// Records by delay tier (see [`tier_records`]).
+/// `hookline_parked_total` by reason, as hookline's metrics listener at `addr` shows it now
+/// (one plain GET). When it does not answer the bench says so, and the report shows the tiers
+/// alone.
+fn parked_by_reason(addr: SocketAddr) -> Vec<(String, u64)> {
+    use std::io::{Read, Write};
+    let scrape = || -> std::io::Result<String> {
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut page = String::new();
+        stream.read_to_string(&mut page)?;
+        Ok(page)
+    };
+    let page = scrape().unwrap_or_else(|e| {
+        eprintln!(
+            "bench: hookline's metrics at {addr} did not answer ({e}): parks have no reasons"
+        );
+        String::new()
+    });
+    let mut reasons: Vec<(String, u64)> = page
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("hookline_parked_total{reason=\"")?;
+            let (reason, value) = rest.split_once("\"} ")?;
+            Some((reason.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect();
+    reasons.sort();
+    reasons
+}
+
+/// Records by delay tier and by hookline's reason (see [`tier_records`]).
 #[derive(Debug, Clone, Default)]
-struct Parked(Vec<(Duration, u64)>);
+struct Parked {
+    by_tier: Vec<(Duration, u64)>,
+    by_reason: Vec<(String, u64)>,
+}
 
 impl Parked {
     /// What was parked between `before` and this count.
     fn since(&self, before: &Parked) -> Parked {
-        Parked(
-            self.0
+        let by_reason = self
+            .by_reason
+            .iter()
+            .map(|(reason, now)| {
+                let then = before
+                    .by_reason
+                    .iter()
+                    .find_map(|(r, n)| (r == reason).then_some(*n))
+                    .unwrap_or(0);
+                (reason.clone(), now.saturating_sub(then))
+            })
+            .collect();
+        Parked {
+            by_tier: self
+                .by_tier
                 .iter()
-                .zip(&before.0)
+                .zip(&before.by_tier)
                 .map(|(&(tier, now), &(_, then))| (tier, now.saturating_sub(then)))
                 .collect(),
-        )
+            by_reason,
+        }
     }
 
     fn total(&self) -> u64 {
-        self.0.iter().map(|(_, n)| n).sum()
+        self.by_tier.iter().map(|(_, n)| n).sum()
     }
 }
 
 impl std::fmt::Display for Parked {
-    /// The total, and the tiers that got any: `345 (5s: 300, 30s: 45)`.
+    /// The total, the tiers that got any and the reasons hookline counted:
+    /// `345 (5s: 300, 30s: 45; lane_full: 300, stalled: 45)`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.total())?;
         let tiers: Vec<String> = self
-            .0
+            .by_tier
             .iter()
             .filter(|(_, n)| *n > 0)
             .map(|(tier, n)| format!("{}s: {n}", tier.as_secs()))
             .collect();
-        if !tiers.is_empty() {
-            write!(f, " ({})", tiers.join(", "))?;
+        let reasons: Vec<String> = self
+            .by_reason
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(reason, n)| format!("{reason}: {n}"))
+            .collect();
+        let parts: Vec<String> = [tiers, reasons]
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| p.join(", "))
+            .collect();
+        if !parts.is_empty() {
+            write!(f, " ({})", parts.join("; "))?;
         }
         Ok(())
     }
@@ -914,8 +982,11 @@ fn bench_config(s: &Settings, run: &str) -> Config {
     c.retry.tiers = [5, 30, 120].map(Duration::from_secs).to_vec();
     c.http.total_timeout = s.timeout;
     // `hookline run` records every metric through its Prometheus recorder, and so does the
-    // bench's hookline (see `main`), on a free port.
-    c.metrics.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    // bench's hookline (see `run`), on a port free a moment ago; the report reads its parked
+    // count by reason there.
+    c.metrics.listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port for hookline's metrics");
     if let Some(m) = s.max_in_flight {
         c.delivery.max_in_flight = m;
     }
