@@ -875,7 +875,7 @@ impl Stage {
             return;
         }
         if let Some(due) = self.booked_turn(&endpoint, queued) {
-            self.park(tp, offset, record, due, ParkReason::LaneFull);
+            self.park(tp, offset, record, due, ParkReason::SlowEndpoint);
             return;
         }
         let id = endpoint.id.clone();
@@ -1004,7 +1004,7 @@ impl Stage {
         let now = SystemTime::now();
         for q in excess {
             let due = self.turns.book(id, rate, room, now, longest);
-            self.park(q.tp, q.offset, q.record, due, ParkReason::LaneFull);
+            self.park(q.tp, q.offset, q.record, due, ParkReason::SlowEndpoint);
         }
     }
 
@@ -1244,7 +1244,7 @@ impl Stage {
         let held_back = match reason {
             ParkReason::BreakerOpen | ParkReason::Stalled => record.attempts == 0,
             ParkReason::ViewBehind | ParkReason::Panicked => true,
-            ParkReason::LaneFull => false,
+            ParkReason::LaneFull | ParkReason::SlowEndpoint => false,
         };
         let record = if held_back {
             let now = SystemTime::now();
@@ -1651,8 +1651,13 @@ mod tests {
     // The mock cluster is not Send: current-thread runtime.
     #[tokio::test]
     async fn a_slow_endpoints_queue_is_cut_to_what_it_sends_within_the_shortest_tier() {
+        use metrics_exporter_prometheus::PrometheusBuilder;
         use rdkafka::mocking::MockCluster;
 
+        // Parks are counted on this thread, as they are made.
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let metrics = recorder.handle();
+        let _local = metrics::set_default_local_recorder(&recorder);
         let mock = MockCluster::new(1).unwrap();
         let s = Duration::from_secs;
         let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
@@ -1720,6 +1725,14 @@ mod tests {
             assert!(parked.insert(offset), "offset {offset} parked twice");
         }
         assert_eq!(parked, (2..=20).collect());
+        // Counted as a slow endpoint's, not as a full lane's: an operator tells a receiver that
+        // cannot keep up from a burst that filled its queue.
+        let text = metrics.render();
+        assert!(
+            text.contains(r#"hookline_parked_total{reason="slow_endpoint"} 19"#),
+            "{text}"
+        );
+        assert!(!text.contains(r#"reason="lane_full""#), "{text}");
     }
 
     /// The DLQ write of a dead letter is refused for a while: the dead letter is logged and

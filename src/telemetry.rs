@@ -34,8 +34,8 @@ pub mod name {
     pub const BREAKER_OPENS: &str = "hookline_breaker_opens_total";
     /// Breakers open right now.
     pub const BREAKERS_OPEN: &str = "hookline_breakers_open";
-    /// Records parked in a delay tier, by `reason` (`lane_full`, `breaker_open`, `stalled`,
-    /// `view_behind`, `panicked`).
+    /// Records parked in a delay tier, by `reason` (`lane_full`, `slow_endpoint`,
+    /// `breaker_open`, `stalled`, `view_behind`, `panicked`).
     pub const PARKED: &str = "hookline_parked_total";
     /// HTTP attempts in flight.
     pub const IN_FLIGHT: &str = "hookline_in_flight_requests";
@@ -252,8 +252,14 @@ pub fn dead_lettered(delivery_id: &str, endpoint_id: &str, reason: DeadReason) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
 #[strum(serialize_all = "snake_case")]
 pub enum ParkReason {
-    /// The endpoint's lane is at its concurrency or rate limit.
+    /// The endpoint's queue is full (as long as the partition's window) or the stage holds as
+    /// many lanes as it may; also what is queued when the stage stops, and a record that
+    /// arrived before it was due.
     LaneFull,
+    /// The endpoint answers slower than its records arrive: its queue already holds what it
+    /// sends within the shortest tier (at its rate limit, or its concurrency over its answer
+    /// time), and the record waits parked for its turn.
+    SlowEndpoint,
     /// The endpoint's breaker is open.
     BreakerOpen,
     /// The endpoint stopped answering (see [`crate::lane::Lanes::stalled`]).
@@ -530,6 +536,7 @@ mod tests {
             all,
             [
                 "lane_full",
+                "slow_endpoint",
                 "breaker_open",
                 "stalled",
                 "view_behind",
