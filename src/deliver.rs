@@ -1656,7 +1656,7 @@ mod tests {
 
         // Parks are counted on this thread, as they are made.
         let recorder = PrometheusBuilder::new().build_recorder();
-        let metrics = recorder.handle();
+        let counted = recorder.handle();
         let _local = metrics::set_default_local_recorder(&recorder);
         let mock = MockCluster::new(1).unwrap();
         let s = Duration::from_secs;
@@ -1727,7 +1727,7 @@ mod tests {
         assert_eq!(parked, (2..=20).collect());
         // Counted as a slow endpoint's, not as a full lane's: an operator tells a receiver that
         // cannot keep up from a burst that filled its queue.
-        let text = metrics.render();
+        let text = counted.render();
         assert!(
             text.contains(r#"hookline_parked_total{reason="slow_endpoint"} 19"#),
             "{text}"
