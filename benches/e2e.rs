@@ -168,10 +168,10 @@ impl Settings {
             },
             body: Body {
                 bytes: env("HOOKLINE_BENCH_BODY", 1024usize),
-                pad: match env("HOOKLINE_BENCH_PAD", "random".to_owned()).as_str() {
-                    "random" => Pad::Random,
-                    "repeat" => Pad::Repeat,
-                    other => panic!("HOOKLINE_BENCH_PAD={other:?}: random or repeat"),
+                pad: {
+                    let pad = env("HOOKLINE_BENCH_PAD", "random".to_owned());
+                    pad.parse()
+                        .unwrap_or_else(|_| panic!("HOOKLINE_BENCH_PAD={pad:?}: random or repeat"))
                 },
             },
             store: env("HOOKLINE_BENCH_STORE", "memory".to_owned()),
@@ -463,8 +463,9 @@ struct Body {
     pad: Pad,
 }
 
-/// What fills an event's body up to its size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What fills an event's body up to its size; named in snake case (`random`, `repeat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumString, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 enum Pad {
     /// Letters and digits drawn afresh for every event: a compressing producer finds nothing
     /// in it (LZ4 leaves random text as it is), only in the JSON and headers around it. The
@@ -473,15 +474,6 @@ enum Pad {
     /// One letter repeated, as the bench's bodies were before this knob: LZ4 shrinks a batch
     /// of them about fiftyfold, far more than any real payload.
     Repeat,
-}
-
-impl Pad {
-    fn name(self) -> &'static str {
-        match self {
-            Pad::Random => "random",
-            Pad::Repeat => "repeat",
-        }
-    }
 }
 
 /// The pad of an event of `body` with an id of `id_len` characters: the body's bytes other than
@@ -1439,7 +1431,7 @@ impl Report {
             s.event_partitions,
             self.body_seen,
             s.body.bytes,
-            s.body.pad.name(),
+            <&str>::from(s.body.pad),
             s.store,
             s.kafka,
             s.linger_ms,
