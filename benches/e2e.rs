@@ -35,13 +35,12 @@
 //! The throughput and latency phases also report how many records the delivery stage parked
 //! (what the run's delay-tier topics gained, and hookline's `hookline_parked_total` by reason;
 //! every endpoint answers 200 there, so any is a healthy endpoint's record sent the long way
-//! round), and CPU per delivery (from `/proc`):
-//! this process (hookline, the receiver and the load generator together) and, when the broker
-//! runs on this machine, Kafka; and how busy the whole machine was. A p99 far above p50 on a
-//! machine near 100% busy is queueing for the CPU, not a stall in hookline. Each CPU figure is
-//! also given in raw-ceiling requests: this process's CPU per request of phase 1 (one HTTP
-//! exchange, client and server) measured in the same run, so runs on hosts of different speed
-//! compare.
+//! round), and CPU per delivery (from `/proc`): this process (hookline, the receiver and the
+//! load generator together) and, when the broker runs on this machine, Kafka; and how busy the
+//! whole machine was. A p99 far above p50 on a machine near 100% busy is queueing for the CPU,
+//! not a stall in hookline. Each CPU figure is also given in raw-ceiling requests: this
+//! process's CPU per request of phase 1 (one HTTP exchange, client and server) measured in the
+//! same run, so runs on hosts of different speed compare.
 //!
 //! `HOOKLINE_BENCH_SWEEP=0.1,0.25,0.75` adds paced runs at those shares of the sustained rate
 //! after the half-rate one (each with its warm-up), and a table of p50, p99, CPU, machine busy and
