@@ -1754,3 +1754,37 @@ async fn a_repeated_body_field_is_refused_not_last_wins() {
         list.text
     );
 }
+
+/// A burst of new connections, none accepted yet, all complete their handshake: the listener's
+/// queue holds them. Bound as `TcpListener::bind` binds (a queue of 128), the connections past
+/// 129 wait for a retransmission of the SYN the kernel dropped (a second or more), and this
+/// fails. The kernel caps the queue at `net.core.somaxconn`, so the burst is no larger than
+/// that.
+#[tokio::test]
+async fn a_burst_of_connections_waits_in_the_listen_queue_not_for_retransmissions() {
+    let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .expect("reads net.core.somaxconn")
+        .trim()
+        .parse()
+        .expect("net.core.somaxconn is a number");
+    let burst = 400.min(somaxconn);
+    assert!(
+        burst > 129,
+        "net.core.somaxconn = {somaxconn} caps every listen queue at {somaxconn}: this test \
+         needs more than 129 (sysctl -w net.core.somaxconn=4096)"
+    );
+    let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut open = Vec::with_capacity(burst);
+    for n in 0..burst {
+        let conn = tokio::time::timeout(
+            Duration::from_millis(500),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("connection {n} of {burst} waited for a retransmission"))
+        .unwrap();
+        open.push(conn);
+    }
+    drop(listener);
+}

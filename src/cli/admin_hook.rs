@@ -60,13 +60,11 @@ fn probe_kafka(
 
 /// Binds the admin API's address. Done before Kafka and the stages start, so an address in use
 /// is the first and only thing said.
-pub(super) async fn bind(config: &Config) -> Result<TcpListener, ServiceError> {
-    TcpListener::bind(config.admin.listen)
-        .await
-        .map_err(|e| ServiceError::Admin {
-            addr: config.admin.listen,
-            detail: e.to_string(),
-        })
+pub(super) fn bind(config: &Config) -> Result<TcpListener, ServiceError> {
+    crate::admin::listen(config.admin.listen).map_err(|e| ServiceError::Admin {
+        addr: config.admin.listen,
+        detail: e.to_string(),
+    })
 }
 
 /// Serves the admin API on `listener` (from [`bind`]) until `shutdown`.

@@ -87,7 +87,7 @@ pub(super) fn run(args: &ReceiveArgs) -> ExitCode {
     };
     let listen = args.listen;
     let result = rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let listener = crate::admin::listen(listen)?;
         println!("receiving webhooks on http://{listen}/ (answering {status}); Ctrl-C stops");
         let app = axum::Router::new().fallback(receive).with_state(state);
         axum::serve(listener, app)

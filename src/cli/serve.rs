@@ -272,7 +272,7 @@ fn dev_config(args: &DevArgs, file: Option<Config>, token: &str) -> Result<Confi
 /// Binds the admin API and starts the metrics listener, before Kafka or any stage starts, so
 /// an address in use is the first and only thing said.
 async fn listen(config: &Config) -> Result<TcpListener, ServiceError> {
-    let admin = super::admin_hook::bind(config).await?;
+    let admin = super::admin_hook::bind(config)?;
     service::install_metrics(config)?;
     Ok(admin)
 }
