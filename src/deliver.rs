@@ -969,9 +969,11 @@ impl Stage {
             return None;
         }
         let rate = self.send_rate(endpoint)?;
-        if queued < queue_room(rate, self.deps.tiers.shortest().delay) {
+        let room = queue_room(rate, self.deps.tiers.shortest().delay);
+        if queued < room {
             return None;
         }
+        telemetry::slow_endpoint(endpoint.id.as_str(), rate, room);
         let longest = self.deps.tiers.longest().delay;
         Some(
             self.turns
@@ -1000,6 +1002,7 @@ impl Stage {
             return;
         };
         let excess = queue.split_off(room);
+        telemetry::slow_endpoint(id.as_str(), rate, room);
         let longest = self.deps.tiers.longest().delay;
         let now = SystemTime::now();
         for q in excess {

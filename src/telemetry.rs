@@ -423,23 +423,34 @@ pub const LOG_REPEAT: Duration = Duration::from_secs(30);
 /// Reports of lasting problems by kind, so that each kind is logged once when it starts and then
 /// at most every [`LOG_REPEAT`] with how many reports were held back, instead of once by every
 /// record that meets it. Every unsettled record retries on its own, so a topic that refuses
-/// records or a store that is down fails thousands of them every few seconds. Kinds come from
-/// fixed sets (a topic and an error code, a store error's kind), so the map stays small.
-#[derive(Debug, Default)]
+/// records or a store that is down fails thousands of them every few seconds. Most kinds come
+/// from fixed sets (a topic and an error code, a store error's kind); where they do not (an
+/// endpoint), the log keeps at most `max_kinds`, forgetting those last logged a repeat interval
+/// ago or more when it is full (they would be logged again anyway).
+#[derive(Debug)]
 pub struct RepeatLog {
     /// Per kind, when it was last logged and how many reports came since.
     kinds: Mutex<BTreeMap<String, (Instant, u64)>>,
+    max_kinds: usize,
 }
 
 impl RepeatLog {
     /// An empty log, for a `static`.
     pub const fn new() -> Self {
+        Self::bounded(usize::MAX)
+    }
+
+    /// An empty log keeping at most `max_kinds` kinds.
+    pub const fn bounded(max_kinds: usize) -> Self {
         RepeatLog {
             kinds: Mutex::new(BTreeMap::new()),
+            max_kinds,
         }
     }
 
     /// `None` when this report of `kind` is held back, else how many were held back before it.
+    /// A new kind that finds the log full of kinds logged within the repeat interval is
+    /// logged, but not kept.
     pub fn admit(&self, kind: &str, now: Instant) -> Option<u64> {
         let mut kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
         match kinds.get_mut(kind) {
@@ -453,10 +464,42 @@ impl RepeatLog {
                 Some(held)
             }
             None => {
-                kinds.insert(kind.to_owned(), (now, 0));
+                if kinds.len() >= self.max_kinds {
+                    kinds.retain(|_, (at, _)| now.saturating_duration_since(*at) < LOG_REPEAT);
+                }
+                if kinds.len() < self.max_kinds {
+                    kinds.insert(kind.to_owned(), (now, 0));
+                }
                 Some(0)
             }
         }
+    }
+}
+
+impl Default for RepeatLog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The endpoints whose records the delivery stage parks because they send slower than their
+/// records arrive, for [`slow_endpoint`]'s log. As many as a stage keeps lanes for by default.
+static SLOW_ENDPOINTS: RepeatLog = RepeatLog::bounded(10_000);
+
+/// The delivery stage parks records of `endpoint_id` until their turn, because its queue holds
+/// what the endpoint sends within the shortest tier (`queue_room` records at `sends_per_s`).
+/// Counted by [`parked`] (`slow_endpoint`) every time; logged as [`RepeatLog`] allows, per
+/// endpoint, since the count has no endpoint label.
+pub fn slow_endpoint(endpoint_id: &str, sends_per_s: f64, queue_room: usize) {
+    if let Some(held_back) = SLOW_ENDPOINTS.admit(endpoint_id, Instant::now()) {
+        tracing::warn!(
+            endpoint_id,
+            sends_per_s = (sends_per_s * 10.0).round() / 10.0,
+            queue_room,
+            held_back,
+            "endpoint sends slower than its records arrive; records beyond its queue are \
+             parked until their turn"
+        );
     }
 }
 
@@ -668,6 +711,55 @@ mod tests {
             Some(0),
             "nothing held back since the last line"
         );
+    }
+
+    /// A log of endpoints stays bounded: full, it forgets the kinds not logged within the
+    /// repeat interval; full of recent ones, a new kind is logged but not kept.
+    #[test]
+    fn a_bounded_repeat_log_forgets_old_kinds_when_full() {
+        let log = RepeatLog::bounded(2);
+        let t0 = Instant::now();
+        let later = t0 + LOG_REPEAT;
+        for (kind, at, want, why) in [
+            ("ep_a", t0, Some(0), "new"),
+            ("ep_b", t0, Some(0), "new"),
+            ("ep_c", t0, Some(0), "logged although the log is full"),
+            ("ep_c", t0, Some(0), "and not kept"),
+            ("ep_a", t0, None, "the kept ones are held back"),
+            ("ep_d", later, Some(0), "the old ones make room"),
+            ("ep_d", later, None, "kept"),
+        ] {
+            assert_eq!(log.admit(kind, at), want, "{kind}: {why}");
+        }
+        assert_eq!(log.kinds.lock().unwrap().len(), 1);
+    }
+
+    /// Records parked for a slow endpoint are counted under `slow_endpoint` with no endpoint
+    /// label; the log says which endpoint, once per repeat interval, with the rate it was
+    /// judged by.
+    #[test]
+    fn a_slow_endpoint_is_logged_once_by_name_with_its_rate() {
+        let (text, _) = logged_and_exported(|| {
+            for _ in 0..100 {
+                slow_endpoint("ep_slow_log_a", 12.34, 62);
+            }
+            slow_endpoint("ep_slow_log_b", 0.5, 3);
+        });
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        for (line, want) in lines.iter().zip([
+            ["ep_slow_log_a", "sends_per_s=12.3", "queue_room=62"],
+            ["ep_slow_log_b", "sends_per_s=0.5", "queue_room=3"],
+        ]) {
+            assert!(line.contains("WARN"), "{line}");
+            assert!(
+                line.contains("sends slower than its records arrive"),
+                "{line}"
+            );
+            for w in want {
+                assert!(line.contains(w), "{w} in {line}");
+            }
+        }
     }
 
     /// Log lines written while a test's subscriber is the default.
