@@ -108,8 +108,8 @@ struct AwaitingView {
 const VIEW_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Entries each of the stage's per-endpoint maps (send plans, booked turns, when an endpoint
-/// was first found unusable) holds before it is cleared or pruned.
-const MAX_ENDPOINT_ENTRIES: usize = 10_000;
+/// was first found unusable, the slow endpoints' log) holds before it is cleared or pruned.
+pub(crate) const MAX_ENDPOINT_ENTRIES: usize = 10_000;
 
 /// What an attempt task reports back to the stage loop: first that the endpoint answered (its
 /// lane slot is free), then that the attempt is logged and its follow-up produced, or that it

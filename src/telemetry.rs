@@ -483,8 +483,8 @@ impl Default for RepeatLog {
 }
 
 /// The endpoints whose records the delivery stage parks because they send slower than their
-/// records arrive, for [`slow_endpoint`]'s log. As many as a stage keeps lanes for by default.
-static SLOW_ENDPOINTS: RepeatLog = RepeatLog::bounded(10_000);
+/// records arrive, for [`slow_endpoint`]'s log, bounded as the stage's own per-endpoint maps.
+static SLOW_ENDPOINTS: RepeatLog = RepeatLog::bounded(crate::deliver::MAX_ENDPOINT_ENTRIES);
 
 /// The delivery stage parks records of `endpoint_id` until their turn, because its queue holds
 /// what the endpoint sends within the shortest tier (`queue_room` records at `sends_per_s`).
