@@ -956,6 +956,13 @@ impl Stage {
         }
     }
 
+    /// `endpoint`'s send rate and the room its queue has at that rate (see [`queue_room`]):
+    /// what it sends within the shortest tier's delay. `None` while its rate is not known.
+    fn rate_and_room(&self, endpoint: &Endpoint) -> Option<(f64, usize)> {
+        let rate = self.send_rate(endpoint)?;
+        Some((rate, queue_room(rate, self.deps.tiers.shortest().delay)))
+    }
+
     /// When `endpoint`'s queue (`queued` records) already holds what it sends within the
     /// shortest tier's delay (see [`Stage::send_rate`] and [`queue_room`]): the time a record
     /// arriving now gets its turn (see [`Turns::book`]). The record is parked until then. Held
@@ -968,8 +975,7 @@ impl Stage {
         if queued == 0 {
             return None;
         }
-        let rate = self.send_rate(endpoint)?;
-        let room = queue_room(rate, self.deps.tiers.shortest().delay);
+        let (rate, room) = self.rate_and_room(endpoint)?;
         if queued < room {
             return None;
         }
@@ -994,10 +1000,9 @@ impl Stage {
         else {
             return;
         };
-        let Some(rate) = self.send_rate(&endpoint) else {
+        let Some((rate, room)) = self.rate_and_room(&endpoint) else {
             return;
         };
-        let room = queue_room(rate, self.deps.tiers.shortest().delay);
         let Some(queue) = self.queues.get_mut(id).filter(|q| q.len() > room) else {
             return;
         };
