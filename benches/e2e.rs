@@ -725,20 +725,20 @@ fn tier_records(config: &Config) -> Parked {
 }
 
 /// `hookline_parked_total` by reason, as hookline's metrics listener at `addr` shows it now
-/// (one plain GET). When it does not answer the bench says so, and the report shows the tiers
-/// alone.
+/// (one scrape). When it does not answer the bench says so, and the report shows the tiers
+/// alone. Called within `block_in_place` on the bench's runtime.
 fn parked_by_reason(addr: SocketAddr) -> Vec<(String, u64)> {
-    use std::io::{Read, Write};
-    let scrape = || -> std::io::Result<String> {
-        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut page = String::new();
-        stream.read_to_string(&mut page)?;
-        Ok(page)
+    let scrape = || -> reqwest::Result<String> {
+        tokio::runtime::Handle::current().block_on(async {
+            reqwest::Client::new()
+                .get(format!("http://{addr}/metrics"))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await?
+                .error_for_status()?
+                .text()
+                .await
+        })
     };
     let page = scrape().unwrap_or_else(|e| {
         eprintln!(

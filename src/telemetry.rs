@@ -69,15 +69,71 @@ const LATENCY_BUCKETS: &[f64] = &[
     300.0, 3600.0,
 ];
 
-/// Installs the global Prometheus recorder with its own HTTP listener at `listen`, and
-/// describes every metric.
-pub fn install(listen: SocketAddr) -> Result<(), BuildError> {
-    PrometheusBuilder::new()
-        .with_http_listener(listen)
+/// Why the metrics listener could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// The address could not be bound (in use, say).
+    #[error("{0}")]
+    Bind(#[from] std::io::Error),
+    /// The recorder could not be built or installed.
+    #[error("{0}")]
+    Recorder(#[from] BuildError),
+}
+
+/// How often the recorder drains what histograms gathered, as the exporter's own listener
+/// would.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Installs the global Prometheus recorder, describes every metric, and serves them at every
+/// path of `listen` but `/health` (which answers `OK`), as the exporter's own listener does.
+/// The listener is bound as the admin API's is ([`crate::admin::listen`]): a scrape during a
+/// burst of connections waits in the queue. Call it within the tokio runtime; the listener
+/// lives as long as the runtime.
+pub fn install(listen: SocketAddr) -> Result<(), InstallError> {
+    let listener = crate::admin::listen(listen)?;
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
-        .install()?;
+        .install_recorder()?;
     describe();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(UPKEEP_EVERY).await;
+            upkeep.run_upkeep();
+        }
+    });
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, scrape_router(handle)).await {
+            tracing::error!(error = %e, "metrics listener stopped");
+        }
+    });
     Ok(())
+}
+
+/// The metrics listener's routes: `/health`, and the metrics in Prometheus' text format at
+/// every other path.
+fn scrape_router(handle: metrics_exporter_prometheus::PrometheusHandle) -> axum::Router {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    axum::Router::new()
+        .route("/health", axum::routing::get(|| async { "OK" }))
+        .fallback(move || {
+            let handle = handle.clone();
+            async move {
+                // Rendering walks every series: off the runtime's workers.
+                match tokio::task::spawn_blocking(move || handle.render()).await {
+                    Ok(text) => (
+                        [(
+                            header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        text,
+                    )
+                        .into_response(),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+                }
+            }
+        })
 }
 
 fn describe() {
@@ -636,6 +692,46 @@ mod tests {
             !text.contains("ep_1"),
             "endpoint ids never become labels: {text}"
         );
+    }
+
+    /// The metrics listener answers a scrape at any path with the text format, and `/health`
+    /// with `OK`, as the exporter's own listener did.
+    #[tokio::test]
+    async fn the_metrics_listener_serves_the_text_format_and_health() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            fanned_out(3);
+        });
+        let listener = crate::admin::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, scrape_router(handle)).await });
+        let get = |path: &str| {
+            reqwest::Client::new()
+                .get(format!("http://{addr}{path}"))
+                .send()
+        };
+        let scrape = get("/metrics").await.unwrap();
+        assert_eq!(scrape.status(), 200);
+        let kind = scrape.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(kind.starts_with("text/plain; version=0.0.4"), "{kind}");
+        let text = scrape.text().await.unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l == "hookline_deliveries_created_total 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP hookline_events_fanned_out_total Events fanned out."),
+            "{text}"
+        );
+        let health = get("/health").await.unwrap();
+        assert_eq!(health.status(), 200);
+        assert_eq!(health.text().await.unwrap(), "OK");
     }
 
     #[test]
