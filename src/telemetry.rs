@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -94,6 +94,8 @@ pub fn install(listen: SocketAddr) -> Result<(), InstallError> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
         .install_recorder()?;
+    // Only now is the global recorder the one handles register with.
+    let _ = HOT.set(Hot::register());
     describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {
@@ -134,6 +136,56 @@ fn scrape_router(handle: metrics_exporter_prometheus::PrometheusHandle) -> axum:
                 }
             }
         })
+}
+
+/// The handles of the metrics every delivery touches, registered once with the global
+/// recorder when [`install`] sets it. A metric named by the macros is looked up by name and
+/// labels (a hash and a lock) on every call; these are not. Without them (tests with a local
+/// recorder, or none) each call registers with the current recorder as the macros do.
+struct Hot {
+    /// `hookline_attempts_total` by error class: `none`, then [`ErrorClass::all`]'s order.
+    attempts: Vec<metrics::Counter>,
+    attempt_duration: metrics::Histogram,
+    delivered: metrics::Counter,
+    event_to_delivery: metrics::Histogram,
+    in_flight: metrics::Gauge,
+    store_written: metrics::Histogram,
+    fanned_out: metrics::Counter,
+    deliveries_created: metrics::Counter,
+}
+
+static HOT: OnceLock<Hot> = OnceLock::new();
+
+impl Hot {
+    fn register() -> Self {
+        let classes = ErrorClass::all().map(ErrorClass::as_str);
+        Self {
+            attempts: std::iter::once("none")
+                .chain(classes)
+                .map(|class| counter!(name::ATTEMPTS, "error_class" => class))
+                .collect(),
+            attempt_duration: histogram!(name::ATTEMPT_DURATION),
+            delivered: counter!(name::DELIVERIES, "outcome" => "success"),
+            event_to_delivery: histogram!(name::EVENT_TO_DELIVERY),
+            in_flight: gauge!(name::IN_FLIGHT),
+            store_written: histogram!(name::STORE_WRITE_DURATION),
+            fanned_out: counter!(name::EVENTS_FANNED_OUT),
+            deliveries_created: counter!(name::DELIVERIES_CREATED),
+        }
+    }
+
+    /// Runs `f` with the installed handles, or with handles registered just now with the
+    /// current recorder.
+    fn with(f: impl FnOnce(&Hot)) {
+        match HOT.get() {
+            Some(hot) => f(hot),
+            None => f(&Hot::register()),
+        }
+    }
+
+    fn attempts(&self, class: Option<ErrorClass>) -> &metrics::Counter {
+        &self.attempts[class.map_or(0, |c| 1 + c as usize)]
+    }
 }
 
 fn describe() {
@@ -273,17 +325,21 @@ impl AttemptFinished<'_> {
             latency_ms = self.latency.as_millis() as u64,
             "attempt finished"
         );
-        counter!(name::ATTEMPTS, "error_class" => class).increment(1);
-        histogram!(name::ATTEMPT_DURATION).record(self.latency.as_secs_f64());
+        Hot::with(|hot| {
+            hot.attempts(self.error_class).increment(1);
+            hot.attempt_duration.record(self.latency.as_secs_f64());
+        });
     }
 }
 
 /// A delivery succeeded.
 pub fn delivered(event_age: Option<Duration>) {
-    counter!(name::DELIVERIES, "outcome" => "success").increment(1);
-    if let Some(age) = event_age {
-        histogram!(name::EVENT_TO_DELIVERY).record(age.as_secs_f64());
-    }
+    Hot::with(|hot| {
+        hot.delivered.increment(1);
+        if let Some(age) = event_age {
+            hot.event_to_delivery.record(age.as_secs_f64());
+        }
+    });
 }
 
 /// A retry was scheduled into `tier` (a configured tier's name such as `30s`).
@@ -418,7 +474,7 @@ static ATTEMPTS_IN_FLIGHT: AtomicI64 = AtomicI64::new(0);
 /// HTTP attempts in flight changed by `delta`.
 pub fn in_flight(delta: i64) {
     ATTEMPTS_IN_FLIGHT.fetch_add(delta, Ordering::Relaxed);
-    gauge!(name::IN_FLIGHT).increment(delta as f64);
+    Hot::with(|hot| hot.in_flight.increment(delta as f64));
 }
 
 /// HTTP attempts in flight in this process right now.
@@ -452,8 +508,10 @@ pub fn invalid_record(
 
 /// An event fanned out to `deliveries` endpoints.
 pub fn fanned_out(deliveries: usize) {
-    counter!(name::EVENTS_FANNED_OUT).increment(1);
-    counter!(name::DELIVERIES_CREATED).increment(deliveries as u64);
+    Hot::with(|hot| {
+        hot.fanned_out.increment(1);
+        hot.deliveries_created.increment(deliveries as u64);
+    });
 }
 
 /// An endpoint was disabled because its receiver answered 410 Gone.
@@ -469,7 +527,7 @@ pub fn replayed(count: u64) {
 
 /// An attempt's row became durable `took` after the first try to write it.
 pub fn store_written(took: Duration) {
-    histogram!(name::STORE_WRITE_DURATION).record(took.as_secs_f64());
+    Hot::with(|hot| hot.store_written.record(took.as_secs_f64()));
 }
 
 /// How often a lasting problem is logged again while it lasts: a client that has lost every
@@ -692,6 +750,30 @@ mod tests {
             !text.contains("ep_1"),
             "endpoint ids never become labels: {text}"
         );
+    }
+
+    /// The attempt counters are held in a list indexed by error class: each class's attempt
+    /// lands in the series of its own name.
+    #[test]
+    fn the_held_attempt_counters_are_each_error_classes_own() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let hot = Hot::register();
+            hot.attempts(None).increment(1);
+            for (n, class) in ErrorClass::all().enumerate() {
+                hot.attempts(Some(class)).increment(n as u64 + 2);
+            }
+        });
+        let text = handle.render();
+        let series = |class: &str, n: usize| {
+            let line = format!("hookline_attempts_total{{error_class=\"{class}\"}} {n}");
+            assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+        };
+        series("none", 1);
+        for (n, class) in ErrorClass::all().enumerate() {
+            series(class.as_str(), n + 2);
+        }
     }
 
     /// The metrics listener answers a scrape at any path with the text format, and `/health`
