@@ -143,7 +143,7 @@ fn scrape_router(handle: metrics_exporter_prometheus::PrometheusHandle) -> axum:
 /// labels (a hash and a lock) on every call; these are not. Without them (tests with a local
 /// recorder, or none) each call registers with the current recorder as the macros do.
 struct Hot {
-    /// `hookline_attempts_total` by error class: `none`, then [`ErrorClass::all`]'s order.
+    /// `hookline_attempts_total` by error class, in [`error_class_labels`]' order.
     attempts: Vec<metrics::Counter>,
     attempt_duration: metrics::Histogram,
     delivered: metrics::Counter,
@@ -158,10 +158,8 @@ static HOT: OnceLock<Hot> = OnceLock::new();
 
 impl Hot {
     fn register() -> Self {
-        let classes = ErrorClass::all().map(ErrorClass::as_str);
         Self {
-            attempts: std::iter::once("none")
-                .chain(classes)
+            attempts: error_class_labels()
                 .map(|class| counter!(name::ATTEMPTS, "error_class" => class))
                 .collect(),
             attempt_duration: histogram!(name::ATTEMPT_DURATION),
@@ -186,6 +184,19 @@ impl Hot {
     fn attempts(&self, class: Option<ErrorClass>) -> &metrics::Counter {
         &self.attempts[class.map_or(0, |c| 1 + c as usize)]
     }
+}
+
+/// An attempt's `error_class` label (and log field): its class, or `none` for a 2xx.
+fn error_class_label(class: Option<ErrorClass>) -> &'static str {
+    class.map_or("none", ErrorClass::as_str)
+}
+
+/// Every `error_class` label: `none` first, then [`ErrorClass::all`]'s order, the order
+/// [`Hot::attempts`] indexes by.
+fn error_class_labels() -> impl Iterator<Item = &'static str> {
+    std::iter::once(None)
+        .chain(ErrorClass::all().map(Some))
+        .map(error_class_label)
 }
 
 fn describe() {
@@ -248,8 +259,7 @@ pub fn register_series<'a>(tiers: impl IntoIterator<Item = &'a str>) {
     for outcome in ["success", "retry", "dead"] {
         counter!(DELIVERIES, "outcome" => outcome).increment(0);
     }
-    let classes = ErrorClass::all().map(ErrorClass::as_str);
-    for class in std::iter::once("none").chain(classes) {
+    for class in error_class_labels() {
         counter!(ATTEMPTS, "error_class" => class).increment(0);
     }
     for tier in tiers {
@@ -315,7 +325,7 @@ pub struct AttemptFinished<'a> {
 impl AttemptFinished<'_> {
     /// Logs and counts the attempt.
     pub fn emit(&self) {
-        let class = self.error_class.map_or("none", ErrorClass::as_str);
+        let class = error_class_label(self.error_class);
         tracing::debug!(
             endpoint_id = self.endpoint_id,
             delivery_id = self.delivery_id,
