@@ -24,6 +24,7 @@
 //!   while records complete out of order.
 //! - [`breaker`]: the per-endpoint circuit breaker (closed, open with growing cool-down,
 //!   half-open with one probe) and the health [`breaker::Outcome`] of an attempt.
+//! - [`lag`]: how late hookline's own runtime wakes a task (`hookline_runtime_lag_seconds`).
 //! - [`lane`]: per-endpoint admission (AIMD concurrency limit, token-bucket rate limit, no
 //!   queue) and the per-partition map of lanes and breakers.
 //! - [`record`]: the delivery record on the wire (body bytes serialised once, `hookline-*`
@@ -67,6 +68,7 @@ pub mod id;
 pub mod input;
 pub mod intake;
 pub mod kafka;
+pub mod lag;
 pub mod lane;
 pub mod migrate;
 pub mod offsets;

@@ -247,6 +247,10 @@ pub async fn start(
     let store = open_store(config).await?;
     let k = &config.kafka;
     let tiers = Arc::new(Tiers::new(&k.topics.retry_prefix, &config.retry.tiers));
+    tasks.spawn(crate::lag::watch(
+        shutdown.clone(),
+        crate::telemetry::runtime_lag,
+    ));
 
     if role.includes(Role::Fanout) {
         let consumer = stage_consumer(config, &k.group("fanout"), "fanout", kafka::HOT_FETCH)?;

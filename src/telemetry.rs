@@ -62,6 +62,9 @@ pub mod name {
     /// Errors a stage's consumer returned in place of a record (a lost broker excepted: the
     /// client's context reports that), by stage.
     pub const CONSUMER_ERRORS: &str = "hookline_consumer_errors_total";
+    /// How late hookline's runtime woke a task that asked to wake every 10 ms: the time every
+    /// woken task waits for a worker (the process short of CPU, or its workers held).
+    pub const RUNTIME_LAG: &str = "hookline_runtime_lag_seconds";
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -150,6 +153,7 @@ struct Hot {
     event_to_delivery: metrics::Histogram,
     in_flight: metrics::Gauge,
     store_written: metrics::Histogram,
+    runtime_lag: metrics::Histogram,
     fanned_out: metrics::Counter,
     deliveries_created: metrics::Counter,
 }
@@ -167,6 +171,7 @@ impl Hot {
             event_to_delivery: histogram!(name::EVENT_TO_DELIVERY),
             in_flight: gauge!(name::IN_FLIGHT),
             store_written: histogram!(name::STORE_WRITE_DURATION),
+            runtime_lag: histogram!(name::RUNTIME_LAG),
             fanned_out: counter!(name::EVENTS_FANNED_OUT),
             deliveries_created: counter!(name::DELIVERIES_CREATED),
         }
@@ -247,6 +252,11 @@ fn describe() {
     describe_counter!(
         CONSUMER_ERRORS,
         "Errors a stage's consumer returned in place of a record, by stage."
+    );
+    describe_histogram!(
+        RUNTIME_LAG,
+        metrics::Unit::Seconds,
+        "How late the runtime woke a task due every 10 ms (time tasks wait for a worker)."
     );
 }
 
@@ -538,6 +548,11 @@ pub fn replayed(count: u64) {
 /// An attempt's row became durable `took` after the first try to write it.
 pub fn store_written(took: Duration) {
     Hot::with(|hot| hot.store_written.record(took.as_secs_f64()));
+}
+
+/// The runtime woke a task `late` after it was due (see [`crate::lag::watch`]).
+pub fn runtime_lag(late: Duration) {
+    Hot::with(|hot| hot.runtime_lag.record(late.as_secs_f64()));
 }
 
 /// How often a lasting problem is logged again while it lasts: a client that has lost every
