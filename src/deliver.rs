@@ -118,6 +118,8 @@ enum Done {
     Answered {
         permit: Permit,
         health: Option<breaker::Outcome>,
+        /// When the answer came (or the attempt gave its slot back unsent).
+        at: tokio::time::Instant,
     },
     Finished {
         tp: Tp,
@@ -156,7 +158,11 @@ impl Slot {
 
     fn give_back(&mut self, health: Option<breaker::Outcome>) {
         if let Some(permit) = self.permit.take() {
-            let _ = self.done.send(Done::Answered { permit, health });
+            let _ = self.done.send(Done::Answered {
+                permit,
+                health,
+                at: tokio::time::Instant::now(),
+            });
         }
     }
 }
@@ -1285,11 +1291,11 @@ impl Stage {
 
     fn on_done(&mut self, done: Done) {
         match done {
-            Done::Answered { permit, health } => {
+            Done::Answered { permit, health, at } => {
                 let id = permit.endpoint().clone();
                 match self
                     .lanes
-                    .release(permit, health, tokio::time::Instant::now())
+                    .release_answered(permit, health, tokio::time::Instant::now(), at)
                 {
                     Some(Transition::Opened { cool_down, .. }) => {
                         telemetry::breaker_opened(id.as_str(), cool_down)
@@ -1652,6 +1658,48 @@ mod tests {
         assert_eq!(store.inner.attempts(&delivery).await.unwrap().len(), 1);
     }
 
+    /// An endpoint's answer time ends when its answer came, not when the stage got round to
+    /// it: two slots whose answers come after 1 s send 2 a second, however late the stage
+    /// reads them.
+    // The mock cluster is not Send: current-thread runtime.
+    #[tokio::test(start_paused = true)]
+    async fn the_answer_time_ends_at_the_answer_not_when_the_stage_reads_it() {
+        use rdkafka::mocking::MockCluster;
+
+        let mock = MockCluster::new(1).unwrap();
+        let s = Duration::from_secs;
+        let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
+        let endpoint = endpoint_at(&endpoints, "http://127.0.0.1:9/hook".into(), 2).await;
+        let deps = deps_on(
+            &endpoints,
+            Arc::new(MemoryStore::with_capacity(16)),
+            &[s(1)],
+        );
+        let producer: crate::kafka::Producer =
+            crate::kafka::producer_config(&mock.bootstrap_servers(), &Default::default())
+                .create_with_context(crate::kafka::ProducerLog::default())
+                .unwrap();
+        let (mut stage, _reports) = Stage::new(Arc::new(deps), producer);
+        let id = endpoint.id.clone();
+        let cfg = stage.lane_config(&endpoint);
+        for _ in 0..2 {
+            let now = tokio::time::Instant::now();
+            let permits = [(); 2].map(|()| stage.lanes.try_acquire(&id, cfg, now).unwrap());
+            tokio::time::advance(s(1)).await;
+            let at = tokio::time::Instant::now();
+            // The stage is busy for another 2 s before it reads the answers.
+            tokio::time::advance(s(2)).await;
+            for permit in permits {
+                stage.on_done(Done::Answered {
+                    permit,
+                    health: Some(breaker::Outcome::Healthy),
+                    at,
+                });
+            }
+        }
+        assert_eq!(stage.lanes.throughput(&id), Some(2.0));
+    }
+
     /// A slow endpoint's queue, filled before its first answer told its rate, is cut to what it
     /// sends within the shortest tier once the rate is known; the rest is parked and settles
     /// once the tier has it, and so is a record arriving after. The endpoint's lane is kept full
@@ -1841,7 +1889,7 @@ mod tests {
         });
         assert!(attempt.await.unwrap_err().is_panic());
 
-        let Some(Done::Answered { permit, health }) = reports.recv().await else {
+        let Some(Done::Answered { permit, health, .. }) = reports.recv().await else {
             panic!("the slot was not given back");
         };
         assert_eq!(health, None, "a panic says nothing about the endpoint");

@@ -43,6 +43,16 @@ const DECREASE_FACTOR: f64 = 0.5;
 /// endpoint's thousands does not make it look slow.
 const ANSWER_TIME_HORIZON: Duration = Duration::from_secs(1);
 
+/// How many times as long as the other endpoints' answers an endpoint's must take for its
+/// answer time to be its own (see [`Lanes::throughput`]). Healthy endpoints slowed down
+/// together differ by less: in one second of a starved bench run their answers took 68-357 ms.
+const SLOWER_THAN_THE_REST: f64 = 4.0;
+
+/// How many answers, weighted by age, the other endpoints must have given for their mean to
+/// count (see [`Lanes::others_answer_time`]): half a second of one slow endpoint's (16 slots,
+/// 1 s answers).
+const MIN_OTHER_ANSWERS: f64 = 8.0;
+
 /// One endpoint's admission settings, taken from the endpoint's record.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -478,6 +488,15 @@ impl AnswerTime {
             .filter(|s| *s > 0.0)
     }
 
+    /// The answers' weighted seconds and count as of `now` (no earlier than the last answer).
+    fn sums_at(self, now: Instant) -> (f64, f64) {
+        let keep = self.at.map_or(0.0, |at| {
+            let age = now.saturating_duration_since(at).as_secs_f64();
+            (-age / ANSWER_TIME_HORIZON.as_secs_f64()).exp()
+        });
+        (self.secs * keep, self.weight * keep)
+    }
+
     /// The average in seconds, once the answers since the last quiet spell span a horizon and
     /// took measurable time.
     fn secs(self) -> Option<f64> {
@@ -506,6 +525,9 @@ pub struct Lanes {
     config: LanesConfig,
     entries: HashMap<EndpointId, Entry>,
     next_generation: u64,
+    /// Every endpoint's answers together: what an answer takes here at all (see
+    /// [`Lanes::throughput`]).
+    all_answers: AnswerTime,
 }
 
 impl Lanes {
@@ -516,6 +538,7 @@ impl Lanes {
             config,
             entries: HashMap::new(),
             next_generation: 0,
+            all_answers: AnswerTime::default(),
         }
     }
 
@@ -585,6 +608,19 @@ impl Lanes {
         outcome: Option<Outcome>,
         now: Instant,
     ) -> Option<Transition> {
+        self.release_answered(permit, outcome, now, now)
+    }
+
+    /// [`Lanes::release`] for a request whose answer came at `answered`: its answer time ends
+    /// there, not when its stage got round to the release. A stage behind on its work is no
+    /// slower endpoint.
+    pub fn release_answered(
+        &mut self,
+        permit: Permit,
+        outcome: Option<Outcome>,
+        now: Instant,
+        answered: Instant,
+    ) -> Option<Transition> {
         let entry = self.entries.get_mut(&permit.endpoint)?;
         if entry.generation != permit.generation {
             return None;
@@ -592,9 +628,10 @@ impl Lanes {
         entry.last_used = now;
         entry.progress_at = now;
         if outcome == Some(Outcome::Healthy) {
-            entry
-                .answer_time
-                .observe(now.saturating_duration_since(permit.started), now);
+            let took = answered.saturating_duration_since(permit.started);
+            let at = answered.min(now);
+            entry.answer_time.observe(took, at);
+            self.all_answers.observe(took, at);
         }
         entry.lane.release(permit.lane, outcome);
         match outcome {
@@ -662,10 +699,33 @@ impl Lanes {
     /// its average answer time (Little's law). `None` before its first answer, or when it has
     /// no lane. A receiver that takes 1 s an answer with a limit of 2 completes 2 a second
     /// however many records wait for it; a rate limit, if any, is the caller's to apply too.
+    ///
+    /// An endpoint whose answers take less than [`SLOWER_THAN_THE_REST`] times as long as the
+    /// other endpoints' here (see [`Lanes::others_answer_time`]) has no known rate either: its
+    /// answer time is then mostly what any answer takes in this process. On a machine short of
+    /// CPU every endpoint's answers slow down together, by hookline's own wait and the
+    /// machine's, and before this check the bench's healthy endpoints had their backlogs parked
+    /// as if each were slow (up to 4,433 records in a run).
     pub fn throughput(&self, endpoint: &EndpointId) -> Option<f64> {
         let entry = self.entries.get(endpoint)?;
         let secs = entry.answer_time.secs()?;
+        if self
+            .others_answer_time(entry)
+            .is_some_and(|rest| secs < rest * SLOWER_THAN_THE_REST)
+        {
+            return None;
+        }
         Some(f64::from(entry.lane.limit()) / secs)
+    }
+
+    /// The mean answer time of every endpoint but `entry`'s, weighted by age as an endpoint's
+    /// own is; `None` until they gave [`MIN_OTHER_ANSWERS`] answers' worth.
+    fn others_answer_time(&self, entry: &Entry) -> Option<f64> {
+        let now = self.all_answers.at?;
+        let (all_secs, all_weight) = self.all_answers.sums_at(now);
+        let (own_secs, own_weight) = entry.answer_time.sums_at(now);
+        let weight = all_weight - own_weight;
+        (weight >= MIN_OTHER_ANSWERS).then(|| (all_secs - own_secs).max(0.0) / weight)
     }
 
     /// An endpoint's lane, if it has one (metrics, admin API, tests).
@@ -1169,6 +1229,15 @@ mod tests {
         lanes.release(one, Some(Outcome::Healthy), Instant::now());
     }
 
+    /// Empty lanes, and the endpoint and settings the answer-time tests use: `ep_1`, 16 slots.
+    fn one_endpoint_of_16_slots() -> (Lanes, EndpointId, LaneConfig) {
+        (
+            Lanes::new(LanesConfig::default()),
+            ep("ep_1"),
+            cfg(16, None),
+        )
+    }
+
     fn close(a: Option<f64>, b: f64) -> bool {
         a.is_some_and(|a| (a - b).abs() < 1e-9)
     }
@@ -1216,9 +1285,7 @@ mod tests {
     async fn a_cold_first_round_after_a_quiet_spell_is_no_evidence() {
         // A fast endpoint (16 slots, 5 ms answers) is idle, then a burst: its first 16
         // answers take 200 ms (new connections on a busy machine), the rest 5 ms.
-        let mut lanes = Lanes::new(LanesConfig::default());
-        let e = ep("ep_1");
-        let c = cfg(16, None);
+        let (mut lanes, e, c) = one_endpoint_of_16_slots();
         let round = lanes.try_acquire(&e, c, Instant::now()).unwrap();
         advance(MS(5)).await;
         lanes.release(round, Some(Outcome::Healthy), Instant::now());
@@ -1250,9 +1317,7 @@ mod tests {
     async fn one_slow_answer_among_many_fast_ones_barely_moves_the_rate() {
         // A fast endpoint: 16 slots, answers in 5 ms. One request is held up 2 s (a pause on
         // a busy machine) while the others go on answering in 5 ms.
-        let mut lanes = Lanes::new(LanesConfig::default());
-        let e = ep("ep_1");
-        let c = cfg(16, None);
+        let (mut lanes, e, c) = one_endpoint_of_16_slots();
         for _ in 0..300 {
             let p = lanes.try_acquire(&e, c, Instant::now()).unwrap();
             advance(MS(5)).await;
@@ -1287,6 +1352,88 @@ mod tests {
         }
         let slow = lanes.throughput(&e).unwrap();
         assert!(slow < 20.0, "1 s answers for 5 s still read {slow:.0}/s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn endpoints_slowed_down_together_have_no_rate_of_their_own() {
+        // Two fast endpoints (16 slots, 5 ms answers); then for two seconds every answer
+        // takes 500 ms, as on a machine short of CPU.
+        let mut lanes = Lanes::new(LanesConfig::default());
+        let (a, b) = (ep("ep_a"), ep("ep_b"));
+        let c = cfg(16, None);
+        let rounds = async |lanes: &mut Lanes, took: [Duration; 2], secs: u32| {
+            let per_round = took[0].max(took[1]);
+            for _ in 0..(Duration::from_secs(secs.into()).as_millis() / per_round.as_millis()) {
+                let pa: Vec<_> = (0..16)
+                    .map(|_| lanes.try_acquire(&a, c, Instant::now()).unwrap())
+                    .collect();
+                let pb: Vec<_> = (0..16)
+                    .map(|_| lanes.try_acquire(&b, c, Instant::now()).unwrap())
+                    .collect();
+                let (first, second) = if took[0] <= took[1] {
+                    ((pa, took[0]), (pb, took[1]))
+                } else {
+                    ((pb, took[1]), (pa, took[0]))
+                };
+                advance(first.1).await;
+                for p in first.0 {
+                    lanes.release(p, Some(Outcome::Healthy), Instant::now());
+                }
+                advance(second.1 - first.1).await;
+                for p in second.0 {
+                    lanes.release(p, Some(Outcome::Healthy), Instant::now());
+                }
+            }
+        };
+        rounds(&mut lanes, [MS(5), MS(5)], 2).await;
+        let fast = lanes.throughput(&a);
+        assert!(fast.is_none(), "alike, neither is judged: {fast:?}");
+        rounds(&mut lanes, [MS(500), MS(500)], 2).await;
+        assert_eq!(lanes.throughput(&a), None, "slowed down together");
+        assert_eq!(lanes.throughput(&b), None, "slowed down together");
+
+        // One of them really slow beside the other: 16 / 0.5 = 32 a second.
+        rounds(&mut lanes, [MS(5), MS(500)], 6).await;
+        assert_eq!(
+            lanes.throughput(&a),
+            None,
+            "the fast one is no slower than the rest"
+        );
+        let slow = lanes.throughput(&b).unwrap();
+        assert!((30.0..35.0).contains(&slow), "{slow:.1}/s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_endpoint_is_judged_by_its_own_answers() {
+        // Nothing else answers in these lanes, so nothing tells hookline's wait from the
+        // endpoint's: its answer time stands.
+        let (mut lanes, e, c) = one_endpoint_of_16_slots();
+        for _ in 0..4 {
+            let round: Vec<_> = (0..16)
+                .map(|_| lanes.try_acquire(&e, c, Instant::now()).unwrap())
+                .collect();
+            advance(MS(500)).await;
+            for p in round {
+                lanes.release(p, Some(Outcome::Healthy), Instant::now());
+            }
+        }
+        assert_eq!(lanes.throughput(&e), Some(32.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_answer_time_ends_when_the_answer_came_not_at_the_release() {
+        // Answers in 5 ms that their stage gets round to 100 ms later.
+        let (mut lanes, e, c) = one_endpoint_of_16_slots();
+        for _ in 0..300 {
+            let p = lanes.try_acquire(&e, c, Instant::now()).unwrap();
+            advance(MS(5)).await;
+            let answered = Instant::now();
+            advance(MS(100)).await;
+            let now = Instant::now();
+            lanes.release_answered(p, Some(Outcome::Healthy), now, answered);
+        }
+        let rate = lanes.throughput(&e).unwrap();
+        assert!((rate - 16.0 / 0.005).abs() < 1.0, "{rate:.0}/s");
     }
 
     #[tokio::test(start_paused = true)]
