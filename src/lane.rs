@@ -45,7 +45,7 @@ const ANSWER_TIME_HORIZON: Duration = Duration::from_secs(1);
 
 /// How many times as long as the other endpoints' answers an endpoint's must take for its
 /// answer time to be its own (see [`Lanes::throughput`]). Healthy endpoints slowed down
-/// together differ by less: in one second of a starved bench run their answers took 68-357 ms.
+/// together differ by less: in one second of a starved bench run their answers took 68-361 ms.
 const SLOWER_THAN_THE_REST: f64 = 4.0;
 
 /// How many answers, weighted by age, the other endpoints must have given for their mean to
