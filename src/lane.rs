@@ -460,23 +460,19 @@ struct AnswerTime {
 
 impl AnswerTime {
     fn observe(&mut self, took: Duration, now: Instant) {
-        let horizon = ANSWER_TIME_HORIZON.as_secs_f64();
         // Quiet: no answer for three horizons, or three answer times for a slow endpoint
         // (whose rounds come that far apart).
-        let quiet = horizon.max(self.mean().unwrap_or(0.0)) * 3.0;
-        let keep = match self.at {
-            Some(at) => {
-                let age = now.saturating_duration_since(at).as_secs_f64();
-                if age > quiet {
-                    self.since = Some(now);
-                }
-                (-age / horizon).exp()
-            }
-            None => {
-                self.since = Some(now);
-                0.0
-            }
-        };
+        let quiet = ANSWER_TIME_HORIZON
+            .as_secs_f64()
+            .max(self.mean().unwrap_or(0.0))
+            * 3.0;
+        if self
+            .at
+            .is_none_or(|at| now.saturating_duration_since(at).as_secs_f64() > quiet)
+        {
+            self.since = Some(now);
+        }
+        let keep = self.kept(now);
         self.secs = self.secs * keep + took.as_secs_f64();
         self.weight = self.weight * keep + 1.0;
         self.at = Some(now);
@@ -488,12 +484,18 @@ impl AnswerTime {
             .filter(|s| *s > 0.0)
     }
 
-    /// The answers' weighted seconds and count as of `now` (no earlier than the last answer).
-    fn sums_at(self, now: Instant) -> (f64, f64) {
-        let keep = self.at.map_or(0.0, |at| {
+    /// How much of its weight the answers so far keep at `now` (no earlier than the last
+    /// answer): 1/e per horizon since the last answer, nothing before the first.
+    fn kept(self, now: Instant) -> f64 {
+        self.at.map_or(0.0, |at| {
             let age = now.saturating_duration_since(at).as_secs_f64();
             (-age / ANSWER_TIME_HORIZON.as_secs_f64()).exp()
-        });
+        })
+    }
+
+    /// The answers' weighted seconds and count as of `now` (no earlier than the last answer).
+    fn sums_at(self, now: Instant) -> (f64, f64) {
+        let keep = self.kept(now);
         (self.secs * keep, self.weight * keep)
     }
 
