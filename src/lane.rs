@@ -1363,39 +1363,35 @@ mod tests {
         let mut lanes = Lanes::new(LanesConfig::default());
         let (a, b) = (ep("ep_a"), ep("ep_b"));
         let c = cfg(16, None);
-        let rounds = async |lanes: &mut Lanes, took: [Duration; 2], secs: u32| {
-            let per_round = took[0].max(took[1]);
-            for _ in 0..(Duration::from_secs(secs.into()).as_millis() / per_round.as_millis()) {
+        // Rounds of 16 requests to each for `secs`: `a`'s answer after `took_a`, `b`'s after
+        // `took_b` (no shorter).
+        let rounds = async |lanes: &mut Lanes, took_a: Duration, took_b: Duration, secs: u32| {
+            for _ in 0..(Duration::from_secs(secs.into()).as_millis() / took_b.as_millis()) {
                 let pa: Vec<_> = (0..16)
                     .map(|_| lanes.try_acquire(&a, c, Instant::now()).unwrap())
                     .collect();
                 let pb: Vec<_> = (0..16)
                     .map(|_| lanes.try_acquire(&b, c, Instant::now()).unwrap())
                     .collect();
-                let (first, second) = if took[0] <= took[1] {
-                    ((pa, took[0]), (pb, took[1]))
-                } else {
-                    ((pb, took[1]), (pa, took[0]))
-                };
-                advance(first.1).await;
-                for p in first.0 {
+                advance(took_a).await;
+                for p in pa {
                     lanes.release(p, Some(Outcome::Healthy), Instant::now());
                 }
-                advance(second.1 - first.1).await;
-                for p in second.0 {
+                advance(took_b - took_a).await;
+                for p in pb {
                     lanes.release(p, Some(Outcome::Healthy), Instant::now());
                 }
             }
         };
-        rounds(&mut lanes, [MS(5), MS(5)], 2).await;
+        rounds(&mut lanes, MS(5), MS(5), 2).await;
         let fast = lanes.throughput(&a);
         assert!(fast.is_none(), "alike, neither is judged: {fast:?}");
-        rounds(&mut lanes, [MS(500), MS(500)], 2).await;
+        rounds(&mut lanes, MS(500), MS(500), 2).await;
         assert_eq!(lanes.throughput(&a), None, "slowed down together");
         assert_eq!(lanes.throughput(&b), None, "slowed down together");
 
         // One of them really slow beside the other: 16 / 0.5 = 32 a second.
-        rounds(&mut lanes, [MS(5), MS(500)], 6).await;
+        rounds(&mut lanes, MS(5), MS(500), 6).await;
         assert_eq!(
             lanes.throughput(&a),
             None,
