@@ -24,7 +24,8 @@
 //!   while records complete out of order.
 //! - [`breaker`]: the per-endpoint circuit breaker (closed, open with growing cool-down,
 //!   half-open with one probe) and the health [`breaker::Outcome`] of an attempt.
-//! - [`lag`]: how late hookline's own runtime wakes a task (`hookline_runtime_lag_seconds`).
+//! - [`lag`]: how late hookline's own runtime wakes a task (`hookline_runtime_lag_seconds`)
+//!   and how busy its workers are (`hookline_runtime_busy_ratio`).
 //! - [`lane`]: per-endpoint admission (AIMD concurrency limit, token-bucket rate limit, no
 //!   queue) and the per-partition map of lanes and breakers.
 //! - [`record`]: the delivery record on the wire (body bytes serialised once, `hookline-*`

@@ -251,6 +251,11 @@ pub async fn start(
         shutdown.clone(),
         crate::telemetry::runtime_lag,
     ));
+    tasks.spawn(crate::lag::watch_busy(
+        shutdown.clone(),
+        crate::lag::BUSY_EVERY,
+        |busy| crate::telemetry::runtime_busy(busy.share()),
+    ));
 
     if role.includes(Role::Fanout) {
         let consumer = stage_consumer(config, &k.group("fanout"), "fanout", kafka::HOT_FETCH)?;

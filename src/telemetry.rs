@@ -65,12 +65,27 @@ pub mod name {
     /// How late hookline's runtime woke a task that asked to wake every 10 ms: the time every
     /// woken task waits for a worker (the process short of CPU, or its workers held).
     pub const RUNTIME_LAG: &str = "hookline_runtime_lag_seconds";
+    /// The share of each second the runtime's workers, all of them, spent running tasks: near 1
+    /// the process has more work than its workers get CPU for.
+    pub const RUNTIME_BUSY: &str = "hookline_runtime_busy_ratio";
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0,
     300.0, 3600.0,
 ];
+
+/// Buckets of [`name::RUNTIME_BUSY`]: how many seconds the runtime was at most half, three
+/// quarters, ... busy.
+const BUSY_BUCKETS: &[f64] = &[0.25, 0.5, 0.75, 0.9, 0.95, 1.0];
+
+/// The exporter as every recorder of hookline's is built: durations and the busy ratio as
+/// histograms with buckets (a histogram without them would be rendered as a summary).
+fn exporter() -> Result<PrometheusBuilder, BuildError> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(name::RUNTIME_BUSY.into()), BUSY_BUCKETS)
+}
 
 /// Why the metrics listener could not start.
 #[derive(Debug, thiserror::Error)]
@@ -94,9 +109,7 @@ const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 /// lives as long as the runtime.
 pub fn install(listen: SocketAddr) -> Result<(), InstallError> {
     let listener = crate::admin::listen(listen)?;
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
-        .install_recorder()?;
+    let handle = exporter()?.install_recorder()?;
     // Only now is the global recorder the one handles register with.
     let _ = HOT.set(Hot::register());
     describe();
@@ -257,6 +270,10 @@ fn describe() {
         RUNTIME_LAG,
         metrics::Unit::Seconds,
         "How late the runtime woke a task due every 10 ms (time tasks wait for a worker)."
+    );
+    describe_histogram!(
+        RUNTIME_BUSY,
+        "Share of each second the runtime's workers spent running tasks, over all of them."
     );
 }
 
@@ -555,6 +572,12 @@ pub fn runtime_lag(late: Duration) {
     Hot::with(|hot| hot.runtime_lag.record(late.as_secs_f64()));
 }
 
+/// The runtime's workers were busy for `share` of the last interval (see
+/// [`crate::lag::watch_busy`]).
+pub fn runtime_busy(share: f64) {
+    histogram!(name::RUNTIME_BUSY).record(share);
+}
+
 /// How often a lasting problem is logged again while it lasts: a client that has lost every
 /// broker, a topic that refuses records, an attempt log that cannot be written.
 pub const LOG_REPEAT: Duration = Duration::from_secs(30);
@@ -729,10 +752,7 @@ mod tests {
 
     #[test]
     fn events_render_with_bounded_labels() {
-        let recorder = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
-            .unwrap()
-            .build_recorder();
+        let recorder = exporter().unwrap().build_recorder();
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
             describe();
@@ -749,6 +769,7 @@ mod tests {
             retry_scheduled("30s");
             dead_lettered("dlv_1", "ep_1", DeadReason::Gone);
             store_written(Duration::from_millis(3));
+            runtime_busy(0.8);
         });
         let text = handle.render();
         assert!(
@@ -771,6 +792,14 @@ mod tests {
             text.contains("hookline_store_write_duration_seconds_bucket{le=\"0.005\"} 1"),
             "store write histogram: {text}"
         );
+        for (le, count) in [("0.75", 0), ("0.9", 1), ("1", 1)] {
+            assert!(
+                text.contains(&format!(
+                    "hookline_runtime_busy_ratio_bucket{{le=\"{le}\"}} {count}"
+                )),
+                "busy ratio histogram, le {le}: {text}"
+            );
+        }
         assert!(
             !text.contains("ep_1"),
             "endpoint ids never become labels: {text}"

@@ -750,12 +750,12 @@ fn series<'a>(name: &str, labels: impl Iterator<Item = (&'a str, &'a str)>) -> S
     format!("{name}{{{}}}", labels.join(", "))
 }
 
-/// promtool unit tests of five alerts on the series hookline exports (at the defaults'
+/// promtool unit tests of six alerts on the series hookline exports (at the defaults'
 /// thresholds and `for:` durations), one sample a minute.
 fn rule_tests(rules: &str, targets: &[Target]) -> Value {
     use hookline::retry_policy::DeadReason;
     use hookline::telemetry::ParkReason;
-    use hookline::telemetry::name::{BREAKERS_OPEN, DEAD_LETTERS, PARKED};
+    use hookline::telemetry::name::{BREAKERS_OPEN, DEAD_LETTERS, PARKED, RUNTIME_LAG};
     let deliver = format!("{}-deliver", fullname());
     let pod = |i: u32| format!("{deliver}-{i}");
     let dead = |ns: &str, reason: DeadReason| {
@@ -778,6 +778,17 @@ fn rule_tests(rules: &str, targets: &[Target]) -> Value {
                 ("reason", reason.as_str()),
             ],
         )
+    };
+    // How late pod i's runtime woke its ticks (100 a second), by bucket bound: its cumulative
+    // count grows by `per_minute` a minute.
+    let lag = |i: u32, le: &str, per_minute: u32| {
+        assert!(
+            exported_metrics()[RUNTIME_LAG].1,
+            "{RUNTIME_LAG} is a histogram"
+        );
+        let bucket = format!("{RUNTIME_LAG}_bucket");
+        let labels = [("namespace", NAMESPACE), ("pod", &pod(i)), ("le", le)];
+        json!({"series": series(&bucket, labels.into_iter()), "values": format!("0+{per_minute}x40")})
     };
     // Deliver pods stop answering scrapes after 10 minutes; the other roles stay up.
     let up: Vec<Value> = targets
@@ -861,6 +872,24 @@ fn rule_tests(rules: &str, targets: &[Target]) -> Value {
                         "eval_time": "25m",
                         "alertname": "HooklineEndpointViewBehind",
                         "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
+                    },
+                ],
+            },
+            {
+                "name": "runtime starved: a third of one pod's ticks over 250 ms late",
+                "interval": "1m",
+                "input_series": [
+                    lag(0, "0.0025", 3000), lag(0, "0.05", 4000), lag(0, "0.25", 4000),
+                    lag(0, "0.5", 6000), lag(0, "+Inf", 6000),
+                    lag(1, "0.0025", 5900), lag(1, "0.05", 6000), lag(1, "0.25", 6000),
+                    lag(1, "0.5", 6000), lag(1, "+Inf", 6000),
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "12m", "alertname": "HooklineRuntimeStarved", "exp_alerts": []},
+                    {
+                        "eval_time": "30m",
+                        "alertname": "HooklineRuntimeStarved",
+                        "exp_alerts": [{"exp_labels": {"severity": "warning", "pod": pod(0)}}],
                     },
                 ],
             },
@@ -1080,6 +1109,7 @@ config: |
         "HooklineProduceFailing",
         "HooklineConsumerErrors",
         "HooklineManyBreakersOpen",
+        "HooklineRuntimeStarved",
         "HooklineAttemptPanics",
         "HooklineEndpointViewBehind",
         "HooklineInvalidInputRecords",
