@@ -3,7 +3,9 @@
 //! attempts in flight). Creates and drops its own keyspace.
 //!
 //! `cargo bench --bench attempt_log`; `HOOKLINE_BENCH_SECS` (default 10) sets each run's length,
-//! `HOOKLINE_BENCH_MAX_WRITES` the store's `max_concurrent_writes` (default: the config default).
+//! `HOOKLINE_BENCH_MAX_WRITES` the store's `max_concurrent_writes` (default: the config default),
+//! `HOOKLINE_BENCH_CQL_USER` / `HOOKLINE_BENCH_CQL_PASSWORD` the login (default cassandra/cassandra,
+//! the superuser of the test node).
 //! One `record_attempt` is 3-6 CQL writes issued together: attempt row, history entry, event
 //! index, the endpoint's bucket index once per endpoint and minute, the dead letter (and its
 //! bucket index) for one attempt in fifty. Delivery state is derived from the attempt rows on
@@ -23,12 +25,16 @@ use hookline::attempt::ErrorClass;
 use hookline::migrate::{MIGRATIONS, migrate};
 use hookline::retry_policy::DeadReason;
 use hookline::storage::conformance::attempt_row;
-use hookline::storage::scylla::{ScyllaConfig, ScyllaStore, connect_session};
+use hookline::storage::scylla::{CqlPassword, ScyllaConfig, ScyllaStore, connect_session};
 use hookline::storage::{AttemptOutcome, AttemptRow, DeliveryStore};
 
 const CQL_ADDR: &str = "127.0.0.1:9042";
 /// Endpoints of the modelled delivery stage; every event goes to each.
 const ENDPOINTS: u64 = 10;
+
+fn env_str(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -137,6 +143,12 @@ fn main() {
                 defaults.max_concurrent_writes as u64,
             ) as usize,
             write_timeout: Duration::from_secs(10),
+            // The node of `tests/services up` asks for a login: its default superuser.
+            username: Some(env_str("HOOKLINE_BENCH_CQL_USER", "cassandra")),
+            password: Some(CqlPassword::new(env_str(
+                "HOOKLINE_BENCH_CQL_PASSWORD",
+                "cassandra",
+            ))),
             ..defaults
         };
         let session = Arc::new(connect_session(&config).await.expect("connect"));

@@ -71,7 +71,8 @@
 //! `random` letters and digits, new for every event, or `repeat`, one letter; see [`Pad`]),
 //! `HOOKLINE_BENCH_CLIENT` (`k=v,...`: librdkafka properties for hookline's clients, as
 //! `kafka.client` would give them), `HOOKLINE_BENCH_STORE` (`memory` | `scylla`: the CQL store of
-//! `tests/services up`, keyspace `hookline`, migrated first),
+//! `tests/services up`, keyspace `hookline`, migrated first, logged in as
+//! `HOOKLINE_BENCH_CQL_USER` / `HOOKLINE_BENCH_CQL_PASSWORD`, default cassandra/cassandra),
 //! `HOOKLINE_BENCH_EVENT_PARTITIONS` (the events topic's, 1: see above),
 //! `HOOKLINE_BENCH_KAFKA` (bootstrap, 127.0.0.1:9092), `HOOKLINE_BENCH_LINGER_MS` (the load
 //! generator's linger, 5; hookline's own producers keep their default),
@@ -107,7 +108,7 @@ use hookline::id::Tenant;
 use hookline::kafka::{client_config, producer_config};
 use hookline::migrate::{MIGRATIONS, migrate};
 use hookline::service::{self, Role};
-use hookline::storage::scylla::connect_session;
+use hookline::storage::scylla::{CqlPassword, connect_session};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
@@ -963,6 +964,14 @@ fn bench_config(s: &Settings, run: &str) -> Config {
         "scylla" => StoreKind::Scylla,
         other => panic!("HOOKLINE_BENCH_STORE={other:?}: memory or scylla"),
     };
+    // The CQL node of `tests/services up` asks for a login: its default superuser unless
+    // HOOKLINE_BENCH_CQL_USER / HOOKLINE_BENCH_CQL_PASSWORD name another.
+    let login = |var, default: &str| std::env::var(var).unwrap_or_else(|_| default.to_owned());
+    c.store.scylla.username = Some(login("HOOKLINE_BENCH_CQL_USER", "cassandra"));
+    c.store.scylla.password = Some(CqlPassword::new(login(
+        "HOOKLINE_BENCH_CQL_PASSWORD",
+        "cassandra",
+    )));
     c.kafka.bootstrap_servers = s.kafka.clone();
     c.kafka.partitions = s.partitions;
     c.kafka.events_partitions = Some(s.event_partitions);

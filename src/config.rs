@@ -9,7 +9,8 @@
 //! is a mistyped setting, and an error says how to spell it.
 //! - Under `kafka.client`, the rest of the name is an rdkafka property with `_` for `.`:
 //!   `HOOKLINE_KAFKA__CLIENT__SECURITY_PROTOCOL=ssl` sets `security.protocol` (librdkafka property
-//!   names have no underscores). These values are always strings.
+//!   names have no underscores). These values are always strings, as are
+//!   `HOOKLINE_STORE__SCYLLA__USERNAME` and `HOOKLINE_STORE__SCYLLA__PASSWORD`.
 //! - Elsewhere a value that reads as a TOML number, boolean, array or inline table is taken as
 //!   one (`HOOKLINE_KAFKA__PARTITIONS=24`, `HOOKLINE_RETRY__TIERS='["5s","1m"]'`,
 //!   `HOOKLINE_ADMIN__TENANT_TOKENS='{ "tok..." = "acme" }'`); anything else is a string
@@ -21,8 +22,8 @@
 //! `retry.tiers[2] = "0s" must be greater than zero`, `unknown key kafka.bootstrap_server (did you
 //! mean bootstrap_servers?)`, `admin.listen = "x" is not an address`. Keys set from the
 //! environment say which variable set them. Errors about a secret-bearing key (admin tokens,
-//! whose tenant-token names are the tokens, `security.master_key`, secret `kafka.client`
-//! properties) are rebuilt in one place, `de_error`, to say the kind of value given and never
+//! whose tenant-token names are the tokens, `security.master_key`, `store.scylla.password`,
+//! secret `kafka.client` properties) are rebuilt in one place, `de_error`, to say the kind of value given and never
 //! the value.
 //!
 //! `schemas/hookline.example.toml` lists every key with its default.
@@ -1224,6 +1225,8 @@ fn overlay_env(
         let prop = path.split_off(2).join(".").replace('_', ".");
         path.push(prop);
         toml::Value::String(raw.to_owned())
+    } else if VERBATIM_ENV_KEYS.contains(&path.join(".").as_str()) {
+        toml::Value::String(raw.to_owned())
     } else {
         let secret = secret_path(&path.join("."));
         env_value(raw).map_err(|reason| match secret {
@@ -1253,6 +1256,10 @@ fn overlay_env(
     table.insert(last.clone(), value);
     Ok(Some(key))
 }
+
+/// Keys whose environment value is always taken as it is, a string: a password may read as a
+/// number, a boolean or the start of an array and is still a password.
+const VERBATIM_ENV_KEYS: &[&str] = &["store.scylla.username", "store.scylla.password"];
 
 /// Reads an environment value: TOML when it looks like a number, boolean, array, inline table
 /// or quoted string; a plain string otherwise.
@@ -1350,8 +1357,8 @@ pub fn is_secret_client_property(name: &str) -> bool {
 }
 
 /// The secret-bearing key at `key` (a full path such as `admin.operator_tokens[2]`), if any:
-/// admin tokens (the names of `admin.tenant_tokens` are tokens), `security.master_key`, and
-/// secret rdkafka properties under `kafka.client`.
+/// admin tokens (the names of `admin.tenant_tokens` are tokens), `security.master_key`,
+/// `store.scylla.password`, and secret rdkafka properties under `kafka.client`.
 fn secret_path(key: &str) -> Option<SecretPath> {
     let secret = |expected| {
         Some(SecretPath {
@@ -1364,6 +1371,7 @@ fn secret_path(key: &str) -> Option<SecretPath> {
         "admin.operator_tokens" => secret("a list of tokens"),
         "admin.tenant_tokens" => secret("a table of token = tenant"),
         "security.master_key" => secret("base64 of 32 bytes"),
+        "store.scylla.password" => secret("a string"),
         _ if key.starts_with("admin.operator_tokens[") => secret("a token"),
         _ if key.starts_with("admin.tenant_tokens.") => Some(SecretPath {
             shown: "admin.tenant_tokens (a token)".into(),
@@ -1545,6 +1553,30 @@ mod tests {
 
     fn err(file: &str, env: &[(&str, &str)]) -> String {
         load(file, env).unwrap_err().to_string()
+    }
+
+    /// A CQL password is whatever the variable holds, even what would read as a number or a
+    /// broken array; and no error or Debug output shows it.
+    #[test]
+    fn the_cql_password_is_taken_verbatim_and_never_shown() {
+        let file = "[store.scylla]\nusername = \"hookline\"";
+        for raw in [
+            "98765432123",
+            "[pw-not-toml",
+            "\"pw-quoted\"",
+            "pw with spaces",
+        ] {
+            let c = load(file, &[("HOOKLINE_STORE__SCYLLA__PASSWORD", raw)]).unwrap();
+            let password = c.store.scylla.password.as_ref().expect("password set");
+            assert_eq!(password.expose(), raw);
+            let shown = format!("{c:?}");
+            assert!(!shown.contains(raw), "{raw}: {shown}");
+        }
+        let e = err(&format!("{file}\npassword = 98765432123"), &[]);
+        assert!(e.contains("store.scylla.password"), "{e}");
+        assert!(!e.contains("98765432123"), "{e}");
+        let e = err(file, &[("HOOKLINE_STORE__SCYLLA__USERNAME", "12345")]);
+        assert!(e.contains("store.scylla.password is missing"), "{e}");
     }
 
     #[test]

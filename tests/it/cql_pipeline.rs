@@ -34,7 +34,8 @@ use uuid::Uuid;
 
 use crate::pipeline::harness::{On, Pipeline, test_config, verify};
 use crate::services::fixture::{
-    Topics, kafka_config, require_connect, require_cql, require_kafka, require_postgres, unique,
+    Topics, cql_login_toml, cql_store_config, kafka_config, require_connect, require_cql,
+    require_kafka, require_postgres, unique,
 };
 use crate::support::proxy::TcpProxy;
 use crate::support::receiver::{Receiver, Reply};
@@ -54,11 +55,9 @@ impl Keyspace {
         let node = require_cql().await;
         let name = format!("hl_pipe_{}", &Uuid::new_v4().simple().to_string()[..12]);
         let config = ScyllaConfig {
-            nodes: vec![node],
-            keyspace: name.clone(),
             // Schema changes are slow on a busy two-core machine.
             write_timeout: Duration::from_secs(30),
-            ..ScyllaConfig::default()
+            ..cql_store_config(&node, &name)
         };
         let session = connect_session(&config).await.expect("CQL session");
         let report = migrate(
@@ -93,10 +92,8 @@ fn cql_config(node: &str, keyspace: &str) -> Config {
     let mut c = test_config(On::Real);
     c.store.kind = StoreKind::Scylla;
     c.store.scylla = ScyllaConfig {
-        nodes: vec![node.to_owned()],
-        keyspace: keyspace.to_owned(),
         write_timeout: Duration::from_secs(10),
-        ..ScyllaConfig::default()
+        ..cql_store_config(node, keyspace)
     };
     c
 }
@@ -543,8 +540,11 @@ async fn hookline_run(store: &str) -> (bool, String, Duration) {
 async fn run_on_an_unmigrated_keyspace_fails_with_a_clear_message() {
     let node = require_cql().await;
     let keyspace = format!("hl_none_{}", &Uuid::new_v4().simple().to_string()[..12]);
-    let (ok, last, took) =
-        hookline_run(&format!("nodes = [\"{node}\"]\nkeyspace = \"{keyspace}\"")).await;
+    let (ok, last, took) = hookline_run(&format!(
+        "nodes = [\"{node}\"]\nkeyspace = \"{keyspace}\"\n{}",
+        cql_login_toml()
+    ))
+    .await;
     assert!(!ok);
     assert!(
         last.starts_with("error: store: CQL nodes")
@@ -557,6 +557,30 @@ async fn run_on_an_unmigrated_keyspace_fails_with_a_clear_message() {
     assert!(
         took < Duration::from_secs(30),
         "a missing schema fails at once, not after the 60 s start-up wait ({took:?})"
+    );
+}
+
+/// `hookline run` whose login the cluster refuses stops at start-up, at once (no retry through
+/// the 60 s start-up wait), naming the keys to fix and never the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_a_refused_login_fails_at_once_naming_the_keys() {
+    let node = require_cql().await;
+    let (user, _) = crate::services::fixture::cql_login();
+    let (ok, last, took) = hookline_run(&format!(
+        "nodes = [\"{node}\"]\nusername = {user:?}\npassword = \"pw-wrong-77e1\""
+    ))
+    .await;
+    assert!(!ok);
+    assert!(
+        last.starts_with("error: store: CQL nodes")
+            && last.contains("refused hookline's login")
+            && last.contains("store.scylla.password")
+            && !last.contains("pw-wrong-77e1"),
+        "unclear error: {last}"
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "a refused login fails at once, not after the 60 s start-up wait ({took:?})"
     );
 }
 

@@ -3,6 +3,7 @@
 //! keyspace and drops it at the end, pass or fail.
 
 use std::panic::AssertUnwindSafe;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -13,13 +14,16 @@ use hookline::migrate::{MIGRATIONS, MigrateError, migrate};
 use hookline::retry_policy::DeadReason;
 use hookline::storage::conformance::{self, attempt_row};
 use hookline::storage::scylla::{
-    DeadLetter, DeadLetterQuery, ScyllaConfig, ScyllaError, ScyllaStore, connect_session,
+    CqlPassword, CqlTls, DeadLetter, DeadLetterQuery, ScyllaConfig, ScyllaError, ScyllaStore,
+    connect_session,
 };
 use hookline::storage::{
     AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, DeliveryStore, HistoryQuery, Page,
     StoreError,
 };
 use scylla::client::session::Session;
+
+use crate::services::fixture::{cql_login, cql_store_config, require_cql_ca};
 
 const CQL_ADDR: &str = "127.0.0.1:9042";
 
@@ -42,15 +46,14 @@ async fn cql() -> Cql {
              (these tests never skip)"
         );
     }
+    let keyspace = format!(
+        "hl_test_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
     let config = ScyllaConfig {
-        nodes: vec![CQL_ADDR.into()],
-        keyspace: format!(
-            "hl_test_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        ),
         // A busy 2-core machine running Cassandra and builds: be patient, schema changes are slow.
         write_timeout: Duration::from_secs(20),
-        ..ScyllaConfig::default()
+        ..cql_store_config(CQL_ADDR, &keyspace)
     };
     let session = connect_session(&config).await.expect("connect to CQL");
     Cql {
@@ -91,6 +94,136 @@ impl Cql {
             std::panic::resume_unwind(panic);
         }
     }
+}
+
+/// The test node asks for a login (`tests/services` turns on PasswordAuthenticator): a wrong
+/// password, or none, is refused at once as a setting to fix, never retried, and the error names
+/// the keys, not the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_is_permanent_and_names_the_keys() {
+    cql().await;
+    let (user, _) = cql_login();
+    let wrong = "pw-wrong-0f3a9c";
+    let cases = [
+        (
+            "wrong password",
+            ScyllaConfig {
+                password: Some(CqlPassword::new(wrong)),
+                ..cql_store_config(CQL_ADDR, "unused")
+            },
+        ),
+        (
+            "no login",
+            ScyllaConfig {
+                nodes: vec![CQL_ADDR.into()],
+                ..ScyllaConfig::default()
+            },
+        ),
+    ];
+    for (case, config) in cases {
+        let e = connect_session(&config)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{case}: the node took it"));
+        assert!(
+            matches!(e, ScyllaError::LoginRefused { .. }) && e.is_permanent(),
+            "{case}: {e:?}"
+        );
+        let said = e.to_string();
+        assert!(
+            said.contains("refused hookline's login")
+                && said.contains("store.scylla.username and store.scylla.password")
+                && !said.contains(wrong),
+            "{case}: {said}"
+        );
+    }
+    assert!(
+        connect_session(&cql_store_config(CQL_ADDR, "unused"))
+            .await
+            .is_ok(),
+        "the right login as {user} is taken"
+    );
+}
+
+/// Whether any client of the node talks TLS, from Cassandra's own list of its connections.
+async fn a_client_uses_tls(session: &Session) -> bool {
+    let rows = session
+        .query_unpaged("SELECT ssl_enabled FROM system_views.clients", ())
+        .await
+        .expect("list the node's clients")
+        .into_rows_result()
+        .expect("rows");
+    rows.rows::<(Option<bool>,)>()
+        .expect("ssl_enabled is a boolean")
+        .any(|r| r.expect("decode") == (Some(true),))
+}
+
+/// TLS to the node with the CA that signed its certificate: the session works and the node
+/// lists a TLS client. The same node is refused under Mozilla's roots (the default) and under a
+/// `server_name` its certificate does not carry, so the handshake really checks; the name it does
+/// carry (`localhost`) is taken. `hookline migrate` reads the same settings from the environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_checks_the_nodes_certificate_against_the_configured_ca_and_name() {
+    let c = cql().await;
+    let ca = require_cql_ca();
+    let tls = |ca_file: Option<&Path>, server_name: Option<&str>| ScyllaConfig {
+        tls: Some(CqlTls {
+            ca_file: ca_file.map(Path::to_path_buf),
+            server_name: server_name.map(str::to_owned),
+        }),
+        ..c.config.clone()
+    };
+    for (case, config) in [
+        ("the node's IP", tls(Some(&ca), None)),
+        ("server_name localhost", tls(Some(&ca), Some("localhost"))),
+    ] {
+        let session = connect_session(&config)
+            .await
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(a_client_uses_tls(&session).await, "{case}: no TLS client");
+    }
+    for (case, config, why) in [
+        ("Mozilla's roots", tls(None, None), "UnknownIssuer"),
+        (
+            "another name",
+            tls(Some(&ca), Some("scylla.example.internal")),
+            "not valid for name",
+        ),
+    ] {
+        let e = connect_session(&config)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{case}: the certificate was taken"));
+        assert!(e.to_string().contains(why), "{case}: {e}");
+    }
+    let missing = tls(Some(Path::new("/nonexistent/ca.pem")), None);
+    let e = connect_session(&missing).await.expect_err("no CA file");
+    assert!(
+        e.is_permanent()
+            && e.to_string()
+                .starts_with("store.scylla.tls.ca_file = \"/nonexistent/ca.pem\" cannot be read"),
+        "{e}"
+    );
+
+    let ks = c.config.keyspace.clone();
+    c.run(|_| async move {
+        let (user, password) = cql_login();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hookline"))
+            .args(["migrate", "--nodes", CQL_ADDR, "--keyspace", &ks])
+            .env("HOOKLINE_STORE__SCYLLA__USERNAME", &user)
+            .env("HOOKLINE_STORE__SCYLLA__PASSWORD", &password)
+            .env("HOOKLINE_STORE__SCYLLA__TLS__CA_FILE", &ca)
+            .env("HOOKLINE_STORE__SCYLLA__TLS__SERVER_NAME", "localhost")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("at schema version 2"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,9 +372,12 @@ async fn the_migrate_command_applies_once() {
     let c = cql().await;
     let ks = c.config.keyspace.clone();
     c.run(|_| async move {
+        let (user, password) = cql_login();
         let run = || {
             std::process::Command::new(env!("CARGO_BIN_EXE_hookline"))
                 .args(["migrate", "--nodes", CQL_ADDR, "--keyspace", &ks])
+                .env("HOOKLINE_STORE__SCYLLA__USERNAME", &user)
+                .env("HOOKLINE_STORE__SCYLLA__PASSWORD", &password)
                 .output()
                 .unwrap()
         };

@@ -296,6 +296,29 @@ fn check_deployment(r: &Rendered, role: &str, replicas: u64) -> Pod {
     config
         .require_master_key()
         .unwrap_or_else(|e| panic!("{name}: {e}"));
+    // A file the config names (the CQL cluster's CA) lies on a volume the pod mounts.
+    if let Some(ca) = config
+        .store
+        .scylla
+        .tls
+        .as_ref()
+        .and_then(|t| t.ca_file.as_deref())
+    {
+        let volumes = pod["spec"]["volumes"].as_array().expect("volumes");
+        let mounted = c["volumeMounts"]
+            .as_array()
+            .expect("volumeMounts")
+            .iter()
+            .any(|m| {
+                ca.starts_with(m["mountPath"].as_str().unwrap_or("\0"))
+                    && volumes.iter().any(|v| v["name"] == m["name"])
+            });
+        assert!(
+            mounted,
+            "{name}: store.scylla.tls.ca_file {} is on no volume the pod mounts",
+            ca.display()
+        );
+    }
 
     // Probes come from the kubelet and scrapes from Prometheus, both over the pod's address.
     for (what, listen, port_name) in [
@@ -1039,6 +1062,8 @@ securityContext:
   capabilities: { add: [NET_BIND_SERVICE] }
 roles:
   delay: { replicas: 0 }
+extraVolumes: [{ name: cql-ca, secret: { secretName: scylla-client-ca } }]
+extraVolumeMounts: [{ name: cql-ca, mountPath: /etc/hookline-cql, readOnly: true }]
 config: |
   [kafka]
   bootstrap_servers = "broker-0.kafka:9093,broker-1.kafka:9093"
@@ -1047,6 +1072,9 @@ config: |
   [store.scylla]
   nodes = ["scylla-0.scylla:9042"]
   keyspace = "webhooks"
+
+  [store.scylla.tls]
+  ca_file = "/etc/hookline-cql/ca.pem"
 "#,
     );
     let r = render(&["-f", &values, "--set", "roles.deliver.replicas=6"]);
@@ -1058,6 +1086,10 @@ config: |
             "the overridden config is the one loaded"
         );
         assert_eq!(pod.config.store.scylla.keyspace, "webhooks");
+        assert!(
+            pod.config.store.scylla.tls.is_some(),
+            "the CA's mount was checked"
+        );
         check_probes(pod).await;
     }
 

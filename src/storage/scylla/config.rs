@@ -1,9 +1,12 @@
 //! `[store.scylla]`: where the CQL cluster is and how hookline writes to it.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
+use zeroize::Zeroizing;
 
 /// The longest TTL CQL accepts (20 years, in seconds).
 pub const MAX_CQL_TTL: Duration = Duration::from_secs(630_720_000);
@@ -22,6 +25,12 @@ pub const MAX_CQL_TTL: Duration = Duration::from_secs(630_720_000);
 /// max_concurrent_writes = 256
 /// local_dc = "dc1"
 /// startup_wait = "60s"
+/// username = "hookline"                 # with password: log in (PasswordAuthenticator)
+/// password = "..."                      # better: HOOKLINE_STORE__SCYLLA__PASSWORD
+///
+/// [store.scylla.tls]                    # TLS to every node; absent: plain TCP
+/// ca_file = "/etc/hookline/cql-ca.pem"  # CAs the nodes' certificates chain to (default: Mozilla's)
+/// server_name = "scylla.internal"       # name the certificates carry (default: each node's IP)
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -51,6 +60,52 @@ pub struct ScyllaConfig {
     /// Covers a cluster that starts alongside hookline; a missing schema fails at once.
     #[serde(deserialize_with = "crate::config::duration")]
     pub startup_wait: Duration,
+    /// The role hookline logs in as, with `password`; no login when unset.
+    pub username: Option<String>,
+    /// That role's password.
+    pub password: Option<CqlPassword>,
+    /// TLS to the nodes; plain TCP when absent.
+    pub tls: Option<CqlTls>,
+}
+
+/// The CQL role's password: never shown in Debug output, wiped from memory when dropped.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CqlPassword(Zeroizing<String>);
+
+impl CqlPassword {
+    /// Wraps a password.
+    pub fn new(s: impl Into<String>) -> CqlPassword {
+        CqlPassword(Zeroizing::new(s.into()))
+    }
+
+    /// The password itself, for the driver's login.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for CqlPassword {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CqlPassword(<redacted>)")
+    }
+}
+
+impl<'de> Deserialize<'de> for CqlPassword {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(CqlPassword::new)
+    }
+}
+
+/// `[store.scylla.tls]`: how hookline checks the nodes' certificates.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CqlTls {
+    /// A PEM file of the CA certificates the nodes' certificates chain to; Mozilla's root
+    /// store (as for webhook endpoints) when unset.
+    pub ca_file: Option<PathBuf>,
+    /// The DNS name (or IP address) every node's certificate must be valid for. Unset, each
+    /// node's certificate must be valid for that node's IP address, as the driver dials it.
+    pub server_name: Option<String>,
 }
 
 impl Default for ScyllaConfig {
@@ -66,6 +121,9 @@ impl Default for ScyllaConfig {
             max_concurrent_writes: 256,
             local_dc: None,
             startup_wait: Duration::from_secs(60),
+            username: None,
+            password: None,
+            tls: None,
         }
     }
 }
@@ -220,6 +278,24 @@ impl ScyllaConfig {
         if self.local_dc.as_deref().is_some_and(str::is_empty) {
             return Err(invalid("local_dc", "must not be empty when set"));
         }
+        self.validate_login()?;
+        if let Some(tls) = &self.tls {
+            if tls
+                .ca_file
+                .as_ref()
+                .is_some_and(|p| p.as_os_str().is_empty())
+            {
+                return Err(invalid("tls.ca_file", "must not be empty when set"));
+            }
+            if let Some(name) = &tls.server_name
+                && rustls::pki_types::ServerName::try_from(name.as_str()).is_err()
+            {
+                return Err(invalid(
+                    "tls.server_name",
+                    format!("= {name:?} is not a DNS name or an IP address"),
+                ));
+            }
+        }
         if self.startup_wait > MAX_STARTUP_WAIT {
             return Err(invalid(
                 "startup_wait",
@@ -230,6 +306,32 @@ impl ScyllaConfig {
             ));
         }
         Ok(())
+    }
+
+    /// `username` and `password` come together, and neither is empty.
+    fn validate_login(&self) -> Result<(), ConfigError> {
+        if self.username.as_deref().is_some_and(str::is_empty) {
+            return Err(invalid("username", "must not be empty when set"));
+        }
+        if self
+            .password
+            .as_ref()
+            .is_some_and(|p| p.expose().is_empty())
+        {
+            return Err(invalid("password", "must not be empty when set"));
+        }
+        match (&self.username, &self.password) {
+            (Some(_), None) => Err(invalid(
+                "password",
+                "is missing: store.scylla.username is set, so hookline logs in and needs the \
+                 role's password (HOOKLINE_STORE__SCYLLA__PASSWORD, say)",
+            )),
+            (None, Some(_)) => Err(invalid(
+                "username",
+                "is missing: store.scylla.password is set, but not the role to log in as",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The keyspace's replication: the `replication` table when given, else SimpleStrategy with
@@ -388,6 +490,30 @@ mod tests {
                 "store.scylla.startup_wait = \"2h\" must be at most 1h",
             ),
             ("local_dc = \"\"", "store.scylla.local_dc must not be empty"),
+            (
+                "username = \"hookline\"",
+                "store.scylla.password is missing: store.scylla.username is set",
+            ),
+            (
+                "password = \"pw-0123\"",
+                "store.scylla.username is missing: store.scylla.password is set",
+            ),
+            (
+                "username = \"\"\npassword = \"pw-0123\"",
+                "store.scylla.username must not be empty",
+            ),
+            (
+                "username = \"hookline\"\npassword = \"\"",
+                "store.scylla.password must not be empty",
+            ),
+            (
+                "[tls]\nserver_name = \"not a name\"",
+                "store.scylla.tls.server_name = \"not a name\" is not a DNS name or an IP address",
+            ),
+            (
+                "[tls]\nca_file = \"\"",
+                "store.scylla.tls.ca_file must not be empty",
+            ),
         ];
         for (table, want) in cases {
             let got = parse(table).unwrap_err();
@@ -416,5 +542,38 @@ mod tests {
             Replication::Simple(3).cql(),
             "{'class': 'SimpleStrategy', 'replication_factor': 3}"
         );
+    }
+
+    #[test]
+    fn a_login_and_tls_are_read_and_the_password_never_shown() {
+        let c = parse(
+            r#"
+            username = "hookline"
+            password = "pw-supersecret-0123"
+            [tls]
+            ca_file = "/etc/hookline/cql-ca.pem"
+            server_name = "scylla.internal"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.username.as_deref(), Some("hookline"));
+        assert_eq!(
+            c.password.as_ref().map(CqlPassword::expose),
+            Some("pw-supersecret-0123")
+        );
+        let tls = c.tls.as_ref().unwrap();
+        assert_eq!(
+            tls.ca_file.as_deref(),
+            Some(std::path::Path::new("/etc/hookline/cql-ca.pem"))
+        );
+        assert_eq!(tls.server_name.as_deref(), Some("scylla.internal"));
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("pw-supersecret"), "{shown}");
+        assert!(shown.contains("CqlPassword(<redacted>)"), "{shown}");
+        // An empty [tls] table is TLS with the defaults, not plain TCP.
+        assert_eq!(parse("[tls]").unwrap().tls, Some(CqlTls::default()));
+        assert_eq!(parse("").unwrap().tls, None);
+        let e = parse("[tls]\nca_files = \"x\"").unwrap_err();
+        assert!(e.contains("ca_files"), "{e}");
     }
 }

@@ -57,6 +57,7 @@ mod config;
 mod group_commit;
 mod row;
 pub mod startup;
+mod tls;
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::ControlFlow;
@@ -87,8 +88,8 @@ use bucket_index::WrittenBuckets;
 use group_commit::{BatchWrite, GroupCommit, PartitionRow};
 
 pub use config::{
-    ConfigError, MAX_CQL_TTL, MAX_NODES, MAX_STARTUP_WAIT, Replication, ScyllaConfig,
-    valid_keyspace,
+    ConfigError, CqlPassword, CqlTls, MAX_CQL_TTL, MAX_NODES, MAX_STARTUP_WAIT, Replication,
+    ScyllaConfig, valid_keyspace,
 };
 use row::{BucketKey, BucketKind, bucket_of, from_cql, to_cql};
 
@@ -137,6 +138,17 @@ pub enum ScyllaError {
         /// The driver's reason.
         detail: String,
     },
+    /// The cluster refused hookline's login (or asked for one and none is configured).
+    #[error(
+        "the CQL nodes {nodes:?} refused hookline's login: {detail}. Check \
+         store.scylla.username and store.scylla.password (HOOKLINE_STORE__SCYLLA__PASSWORD)"
+    )]
+    LoginRefused {
+        /// The configured contact points.
+        nodes: Vec<String>,
+        /// What the cluster or the driver said.
+        detail: String,
+    },
     /// The keyspace is missing tables this binary needs.
     #[error(
         "keyspace {keyspace:?} is at schema version {found}, this hookline needs {needed}: \
@@ -180,7 +192,9 @@ impl ScyllaError {
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
-            ScyllaError::Config(_) | ScyllaError::SchemaBehind { .. }
+            ScyllaError::Config(_)
+                | ScyllaError::SchemaBehind { .. }
+                | ScyllaError::LoginRefused { .. }
         )
     }
 }
@@ -198,15 +212,46 @@ pub async fn connect_session(config: &ScyllaConfig) -> Result<Session, ScyllaErr
         .consistency(Consistency::LocalQuorum)
         .request_timeout(Some(config.write_timeout))
         .build();
-    SessionBuilder::new()
+    let mut builder = SessionBuilder::new()
         .known_nodes(&config.nodes)
-        .default_execution_profile_handle(profile.into_handle())
-        .build()
-        .await
-        .map_err(|e| ScyllaError::Connect {
-            nodes: config.nodes.clone(),
-            detail: e.to_string(),
-        })
+        .default_execution_profile_handle(profile.into_handle());
+    if let (Some(user), Some(password)) = (&config.username, &config.password) {
+        builder = builder.user(user.as_str(), password.expose());
+    }
+    if let Some(tls) = &config.tls {
+        builder = builder.tls_context(Some(Arc::new(tls::client_config(tls)?)));
+    }
+    builder.build().await.map_err(|e| {
+        let nodes = config.nodes.clone();
+        let detail = e.to_string();
+        if login_refused(&e) {
+            ScyllaError::LoginRefused { nodes, detail }
+        } else {
+            ScyllaError::Connect { nodes, detail }
+        }
+    })
+}
+
+/// Whether the session failed because the cluster refused the login, or wanted one and got
+/// none: no retry helps, only the settings. The driver reports it as the control connection's
+/// last setup error (not through `source()`).
+fn login_refused(e: &scylla::errors::NewSessionError) -> bool {
+    use scylla::errors::{
+        ConnectionError, ConnectionPoolError, ConnectionSetupRequestErrorKind as Kind,
+        MetadataError, NewSessionError,
+    };
+    let NewSessionError::MetadataError(MetadataError::ConnectionPoolError(
+        ConnectionPoolError::Broken {
+            last_connection_error: ConnectionError::ConnectionSetupRequestError(setup),
+        },
+    )) = e
+    else {
+        return false;
+    };
+    matches!(
+        setup.error,
+        Kind::DbError(DbError::AuthenticationError, _) | Kind::MissingAuthentication
+    )
 }
 
 /// The prepared statements, all on fully qualified tables so the session's keyspace is

@@ -6,11 +6,13 @@ use std::time::Duration;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 
-use super::fixture::{require_cql, unique};
+use super::fixture::{cql_login, require_cql, unique};
 
 async fn session(node: &str) -> Session {
+    let (user, password) = cql_login();
     SessionBuilder::new()
         .known_node(node)
+        .user(user, password)
         .connection_timeout(Duration::from_secs(5))
         .build()
         .await

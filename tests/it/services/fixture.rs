@@ -70,6 +70,57 @@ pub async fn require_cql() -> String {
     addr
 }
 
+/// The role tests log in to the CQL node as: `tests/services` runs Cassandra with logins
+/// required (PasswordAuthenticator) and its default superuser, cassandra/cassandra.
+/// `HOOKLINE_TEST_CQL_USER` and `HOOKLINE_TEST_CQL_PASSWORD` name another.
+pub fn cql_login() -> (String, String) {
+    (
+        address("HOOKLINE_TEST_CQL_USER", "cassandra"),
+        address("HOOKLINE_TEST_CQL_PASSWORD", "cassandra"),
+    )
+}
+
+/// `ScyllaConfig` for `keyspace` on the test CQL node at `node`, logged in as [`cql_login`].
+pub fn cql_store_config(node: &str, keyspace: &str) -> hookline::storage::scylla::ScyllaConfig {
+    let (user, password) = cql_login();
+    hookline::storage::scylla::ScyllaConfig {
+        nodes: vec![node.to_owned()],
+        keyspace: keyspace.to_owned(),
+        username: Some(user),
+        password: Some(hookline::storage::scylla::CqlPassword::new(password)),
+        ..Default::default()
+    }
+}
+
+/// The same login as `[store.scylla]` TOML lines, for tests that run the `hookline` binary.
+pub fn cql_login_toml() -> String {
+    let (user, password) = cql_login();
+    format!("username = {user:?}\npassword = {password:?}")
+}
+
+/// The CA that signed the test CQL node's TLS certificate (made by `tests/services up` under its
+/// cache directory; `HOOKLINE_TEST_CQL_CA` names another), once the file is there.
+pub fn require_cql_ca() -> std::path::PathBuf {
+    let path = std::env::var_os("HOOKLINE_TEST_CQL_CA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOOKLINE_SERVICES_HOME")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| {
+                    std::path::Path::new(&std::env::var_os("HOME").expect("HOME"))
+                        .join(".cache/hookline/services")
+                });
+            home.join("cassandra/tls/ca.pem")
+        });
+    assert!(
+        path.is_file(),
+        "no CA of the test CQL node at {}: run `tests/services up`, which makes it (or set \
+         HOOKLINE_TEST_CQL_CA)",
+        path.display()
+    );
+    path
+}
+
 /// tokio-postgres connection string of the `hookline` database, once PostgreSQL answers.
 pub async fn require_postgres() -> String {
     let addr = address("HOOKLINE_TEST_POSTGRES", "127.0.0.1:5432");
