@@ -23,7 +23,7 @@ use hookline::storage::{
 };
 use scylla::client::session::Session;
 
-use crate::services::fixture::{cql_login, cql_store_config, require_cql_ca};
+use crate::services::fixture::{cql_login, cql_store_config, require_cql_tls};
 
 const CQL_ADDR: &str = "127.0.0.1:9042";
 
@@ -158,24 +158,30 @@ async fn a_client_uses_tls(session: &Session) -> bool {
         .any(|r| r.expect("decode") == (Some(true),))
 }
 
-/// TLS to the node with the CA that signed its certificate: the session works and the node
-/// lists a TLS client. The same node is refused under Mozilla's roots (the default) and under a
-/// `server_name` its certificate does not carry, so the handshake really checks; the name it does
-/// carry (`localhost`) is taken. `hookline migrate` reads the same settings from the environment.
+/// TLS to the node with the CA that signed its certificate and a client certificate it takes:
+/// the session works and the node lists a TLS client. The same node is refused under Mozilla's
+/// roots (the default), under a `server_name` its certificate does not carry, and without a
+/// client certificate, so each check really runs; the name it does carry (`localhost`) is
+/// taken. Unusable files are settings errors naming their key. `hookline migrate` reads the
+/// same settings from the environment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_checks_the_nodes_certificate_against_the_configured_ca_and_name() {
+async fn tls_checks_the_nodes_certificate_and_shows_hookline_s_own() {
     let c = cql().await;
-    let ca = require_cql_ca();
-    let tls = |ca_file: Option<&Path>, server_name: Option<&str>| ScyllaConfig {
+    let files = require_cql_tls();
+    let tls = |ca: Option<&Path>, name: Option<&str>, cert: Option<(&Path, &Path)>| ScyllaConfig {
         tls: Some(CqlTls {
-            ca_file: ca_file.map(Path::to_path_buf),
-            server_name: server_name.map(str::to_owned),
+            ca_file: ca.map(Path::to_path_buf),
+            server_name: name.map(str::to_owned),
+            cert_file: cert.map(|(c, _)| c.to_path_buf()),
+            key_file: cert.map(|(_, k)| k.to_path_buf()),
         }),
         ..c.config.clone()
     };
+    let mine = Some((files.cert.as_path(), files.key.as_path()));
+    let ca = Some(files.ca.as_path());
     for (case, config) in [
-        ("the node's IP", tls(Some(&ca), None)),
-        ("server_name localhost", tls(Some(&ca), Some("localhost"))),
+        ("the node's IP", tls(ca, None, mine)),
+        ("server_name localhost", tls(ca, Some("localhost"), mine)),
     ] {
         let session = connect_session(&config)
             .await
@@ -183,27 +189,58 @@ async fn tls_checks_the_nodes_certificate_against_the_configured_ca_and_name() {
         assert!(a_client_uses_tls(&session).await, "{case}: no TLS client");
     }
     for (case, config, why) in [
-        ("Mozilla's roots", tls(None, None), "UnknownIssuer"),
+        ("Mozilla's roots", tls(None, None, mine), "UnknownIssuer"),
         (
             "another name",
-            tls(Some(&ca), Some("scylla.example.internal")),
+            tls(ca, Some("scylla.example.internal"), mine),
             "not valid for name",
+        ),
+        // The node's CertificateRequired alert may come after the driver saw the connection
+        // drop, so only the failure is certain; the first case differs from this one in the
+        // client certificate alone and connects.
+        (
+            "no client certificate",
+            tls(ca, None, None),
+            "cannot connect",
         ),
     ] {
         let e = connect_session(&config)
             .await
             .err()
-            .unwrap_or_else(|| panic!("{case}: the certificate was taken"));
+            .unwrap_or_else(|| panic!("{case}: the handshake went through"));
         assert!(e.to_string().contains(why), "{case}: {e}");
     }
-    let missing = tls(Some(Path::new("/nonexistent/ca.pem")), None);
-    let e = connect_session(&missing).await.expect_err("no CA file");
-    assert!(
-        e.is_permanent()
-            && e.to_string()
-                .starts_with("store.scylla.tls.ca_file = \"/nonexistent/ca.pem\" cannot be read"),
-        "{e}"
-    );
+    let other = Some((files.cert.as_path(), files.other_key.as_path()));
+    let not_a_key = Some((files.cert.as_path(), files.ca.as_path()));
+    for (case, config, said) in [
+        (
+            "no CA file",
+            tls(Some(Path::new("/nonexistent/ca.pem")), None, mine),
+            "store.scylla.tls.ca_file = \"/nonexistent/ca.pem\" cannot be read".to_owned(),
+        ),
+        (
+            "another certificate's key",
+            tls(ca, None, other),
+            format!(
+                "store.scylla.tls.key_file = {:?} cannot be used with tls.cert_file",
+                files.other_key.display().to_string()
+            ),
+        ),
+        (
+            "a certificate for a key",
+            tls(ca, None, not_a_key),
+            format!(
+                "store.scylla.tls.key_file = {:?} holds no usable private key",
+                files.ca.display().to_string()
+            ),
+        ),
+    ] {
+        let e = connect_session(&config).await.expect_err(case);
+        assert!(
+            e.is_permanent() && e.to_string().starts_with(&said),
+            "{case}: {e}"
+        );
+    }
 
     let ks = c.config.keyspace.clone();
     c.run(|_| async move {
@@ -212,8 +249,10 @@ async fn tls_checks_the_nodes_certificate_against_the_configured_ca_and_name() {
             .args(["migrate", "--nodes", CQL_ADDR, "--keyspace", &ks])
             .env("HOOKLINE_STORE__SCYLLA__USERNAME", &user)
             .env("HOOKLINE_STORE__SCYLLA__PASSWORD", &password)
-            .env("HOOKLINE_STORE__SCYLLA__TLS__CA_FILE", &ca)
+            .env("HOOKLINE_STORE__SCYLLA__TLS__CA_FILE", &files.ca)
             .env("HOOKLINE_STORE__SCYLLA__TLS__SERVER_NAME", "localhost")
+            .env("HOOKLINE_STORE__SCYLLA__TLS__CERT_FILE", &files.cert)
+            .env("HOOKLINE_STORE__SCYLLA__TLS__KEY_FILE", &files.key)
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);

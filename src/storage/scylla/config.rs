@@ -31,6 +31,8 @@ pub const MAX_CQL_TTL: Duration = Duration::from_secs(630_720_000);
 /// [store.scylla.tls]                    # TLS to every node; absent: plain TCP
 /// ca_file = "/etc/hookline/cql-ca.pem"  # CAs the nodes' certificates chain to (default: Mozilla's)
 /// server_name = "scylla.internal"       # name the certificates carry (default: each node's IP)
+/// cert_file = "/etc/hookline-cql/client.pem"  # hookline's own certificate, when the cluster
+/// key_file = "/etc/hookline-cql/client.key"   # asks clients for one (both or neither)
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -106,6 +108,11 @@ pub struct CqlTls {
     /// The DNS name (or IP address) every node's certificate must be valid for. Unset, each
     /// node's certificate must be valid for that node's IP address, as the driver dials it.
     pub server_name: Option<String>,
+    /// A PEM file of hookline's own certificate (and its chain), for a cluster that asks
+    /// clients for one (`require_client_auth`); with `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// A PEM file of that certificate's private key (PKCS#8, PKCS#1 or SEC1, unencrypted).
+    pub key_file: Option<PathBuf>,
 }
 
 impl Default for ScyllaConfig {
@@ -280,12 +287,30 @@ impl ScyllaConfig {
         }
         self.validate_login()?;
         if let Some(tls) = &self.tls {
-            if tls
-                .ca_file
-                .as_ref()
-                .is_some_and(|p| p.as_os_str().is_empty())
-            {
-                return Err(invalid("tls.ca_file", "must not be empty when set"));
+            for (key, path) in [
+                ("tls.ca_file", &tls.ca_file),
+                ("tls.cert_file", &tls.cert_file),
+                ("tls.key_file", &tls.key_file),
+            ] {
+                if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                    return Err(invalid(key, "must not be empty when set"));
+                }
+            }
+            match (&tls.cert_file, &tls.key_file) {
+                (Some(_), None) => {
+                    return Err(invalid(
+                        "tls.key_file",
+                        "is missing: tls.cert_file is set, and a certificate is presented \
+                         with its private key",
+                    ));
+                }
+                (None, Some(_)) => {
+                    return Err(invalid(
+                        "tls.cert_file",
+                        "is missing: tls.key_file is set, but not the certificate it belongs to",
+                    ));
+                }
+                _ => {}
             }
             if let Some(name) = &tls.server_name
                 && rustls::pki_types::ServerName::try_from(name.as_str()).is_err()
@@ -514,6 +539,18 @@ mod tests {
                 "[tls]\nca_file = \"\"",
                 "store.scylla.tls.ca_file must not be empty",
             ),
+            (
+                "[tls]\nkey_file = \"\"",
+                "store.scylla.tls.key_file must not be empty",
+            ),
+            (
+                "[tls]\ncert_file = \"c.pem\"",
+                "store.scylla.tls.key_file is missing: tls.cert_file is set",
+            ),
+            (
+                "[tls]\nkey_file = \"c.key\"",
+                "store.scylla.tls.cert_file is missing: tls.key_file is set",
+            ),
         ];
         for (table, want) in cases {
             let got = parse(table).unwrap_err();
@@ -553,6 +590,8 @@ mod tests {
             [tls]
             ca_file = "/etc/hookline/cql-ca.pem"
             server_name = "scylla.internal"
+            cert_file = "/etc/hookline/client.pem"
+            key_file = "/etc/hookline/client.key"
             "#,
         )
         .unwrap();
@@ -567,6 +606,13 @@ mod tests {
             Some(std::path::Path::new("/etc/hookline/cql-ca.pem"))
         );
         assert_eq!(tls.server_name.as_deref(), Some("scylla.internal"));
+        assert_eq!(
+            (tls.cert_file.as_deref(), tls.key_file.as_deref()),
+            (
+                Some(std::path::Path::new("/etc/hookline/client.pem")),
+                Some(std::path::Path::new("/etc/hookline/client.key"))
+            )
+        );
         let shown = format!("{c:?}");
         assert!(!shown.contains("pw-supersecret"), "{shown}");
         assert!(shown.contains("CqlPassword(<redacted>)"), "{shown}");

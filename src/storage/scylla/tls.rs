@@ -1,5 +1,5 @@
 //! TLS to the CQL nodes (`[store.scylla.tls]`): the rustls client settings the driver dials
-//! every node with.
+//! every node with, hookline's own certificate among them when the cluster asks for one.
 //!
 //! The driver checks a node's certificate against the node's IP address, as it dials it. Many
 //! clusters' certificates name the nodes by DNS instead, or carry one name for the whole
@@ -13,7 +13,7 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use super::config::{ConfigError, CqlTls};
@@ -53,12 +53,40 @@ pub fn client_config(tls: &CqlTls) -> Result<rustls::ClientConfig, ConfigError> 
                 .with_custom_certificate_verifier(Arc::new(verifier))
         }
     };
-    Ok(config.with_no_client_auth())
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => {
+            let chain = certificates(cert, "tls.cert_file")?;
+            let shown = key.display();
+            // What is wrong with the key is said without its contents: it is secret.
+            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                invalid(
+                    "tls.key_file",
+                    format!("= {shown:?} holds no usable private key: {}", pem_error(&e)),
+                )
+            })?;
+            config.with_client_auth_cert(chain, key_der).map_err(|e| {
+                invalid(
+                    "tls.key_file",
+                    format!("= {shown:?} cannot be used with tls.cert_file: {e}"),
+                )
+            })
+        }
+        _ => Ok(config.with_no_client_auth()),
+    }
 }
 
-/// Every certificate in the PEM file at `path`, as trust anchors.
-fn ca_roots(path: &Path) -> Result<RootCertStore, ConfigError> {
-    let key = "tls.ca_file";
+/// What went wrong reading a PEM key file, without its contents.
+fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
+    use rustls::pki_types::pem::Error;
+    match e {
+        Error::Io(io) => format!("cannot be read: {io}"),
+        Error::NoItemsFound => "no PEM private key in it (-----BEGIN PRIVATE KEY-----)".into(),
+        _ => "not a PEM file".into(),
+    }
+}
+
+/// Every certificate in the PEM file at `path` (config key `key`); at least one.
+fn certificates(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
     let shown = path.display();
     let pem = std::fs::read(path)
         .map_err(|e| invalid(key, format!("= {shown:?} cannot be read: {e}")))?;
@@ -71,6 +99,14 @@ fn ca_roots(path: &Path) -> Result<RootCertStore, ConfigError> {
             format!("= {shown:?} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"),
         ));
     }
+    Ok(certs)
+}
+
+/// Every certificate in the PEM file at `path`, as trust anchors.
+fn ca_roots(path: &Path) -> Result<RootCertStore, ConfigError> {
+    let key = "tls.ca_file";
+    let shown = path.display();
+    let certs = certificates(path, key)?;
     let mut roots = RootCertStore::empty();
     for (i, cert) in certs.into_iter().enumerate() {
         roots.add(cert).map_err(|e| {

@@ -98,10 +98,22 @@ pub fn cql_login_toml() -> String {
     format!("username = {user:?}\npassword = {password:?}")
 }
 
-/// The CA that signed the test CQL node's TLS certificate (made by `tests/services up` under its
-/// cache directory; `HOOKLINE_TEST_CQL_CA` names another), once the file is there.
-pub fn require_cql_ca() -> std::path::PathBuf {
-    let path = std::env::var_os("HOOKLINE_TEST_CQL_CA")
+/// The test CQL node's TLS files, made by `tests/services up` under its cache directory
+/// (`HOOKLINE_TEST_CQL_TLS` names another directory).
+pub struct CqlTlsFiles {
+    /// The CA that signed the node's certificate and the client certificate.
+    pub ca: std::path::PathBuf,
+    /// A client certificate the node takes (it asks TLS clients for one).
+    pub cert: std::path::PathBuf,
+    /// That certificate's private key.
+    pub key: std::path::PathBuf,
+    /// A private key that belongs to another certificate (the node's).
+    pub other_key: std::path::PathBuf,
+}
+
+/// [`CqlTlsFiles`], once they are there.
+pub fn require_cql_tls() -> CqlTlsFiles {
+    let dir = std::env::var_os("HOOKLINE_TEST_CQL_TLS")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
             let home = std::env::var_os("HOOKLINE_SERVICES_HOME")
@@ -110,15 +122,23 @@ pub fn require_cql_ca() -> std::path::PathBuf {
                     std::path::Path::new(&std::env::var_os("HOME").expect("HOME"))
                         .join(".cache/hookline/services")
                 });
-            home.join("cassandra/tls/ca.pem")
+            home.join("cassandra/tls")
         });
-    assert!(
-        path.is_file(),
-        "no CA of the test CQL node at {}: run `tests/services up`, which makes it (or set \
-         HOOKLINE_TEST_CQL_CA)",
-        path.display()
-    );
-    path
+    let files = CqlTlsFiles {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("client.pem"),
+        key: dir.join("client.key"),
+        other_key: dir.join("node.key"),
+    };
+    for f in [&files.ca, &files.cert, &files.key, &files.other_key] {
+        assert!(
+            f.is_file(),
+            "no {} of the test CQL node: run `tests/services up`, which makes it (or set \
+             HOOKLINE_TEST_CQL_TLS to a directory with ca.pem, client.pem, client.key, node.key)",
+            f.display()
+        );
+    }
+    files
 }
 
 /// tokio-postgres connection string of the `hookline` database, once PostgreSQL answers.
