@@ -23,8 +23,8 @@
 //! mean bootstrap_servers?)`, `admin.listen = "x" is not an address`. Keys set from the
 //! environment say which variable set them. Errors about a secret-bearing key (admin tokens,
 //! whose tenant-token names are the tokens, `security.master_key`, `store.scylla.password`,
-//! secret `kafka.client` properties) are rebuilt in one place, `de_error`, to say the kind of value given and never
-//! the value.
+//! secret `kafka.client` properties) are rebuilt in one place, `de_error`, to say the kind of
+//! value given and never the value.
 //!
 //! `schemas/hookline.example.toml` lists every key with its default.
 
