@@ -115,6 +115,25 @@ pub struct CqlTls {
     pub key_file: Option<PathBuf>,
 }
 
+impl CqlTls {
+    /// `server_name` as rustls takes it, or the error naming the key.
+    pub fn server_name(
+        &self,
+    ) -> Result<Option<rustls::pki_types::ServerName<'static>>, ConfigError> {
+        self.server_name
+            .as_ref()
+            .map(|name| {
+                rustls::pki_types::ServerName::try_from(name.clone()).map_err(|_| {
+                    invalid(
+                        "tls.server_name",
+                        format!("= {name:?} is not a DNS name or an IP address"),
+                    )
+                })
+            })
+            .transpose()
+    }
+}
+
 impl Default for ScyllaConfig {
     fn default() -> Self {
         ScyllaConfig {
@@ -194,7 +213,7 @@ impl ConfigError {
     }
 }
 
-fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+pub(super) fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         reason: reason.into(),
@@ -312,14 +331,7 @@ impl ScyllaConfig {
                 }
                 _ => {}
             }
-            if let Some(name) = &tls.server_name
-                && rustls::pki_types::ServerName::try_from(name.as_str()).is_err()
-            {
-                return Err(invalid(
-                    "tls.server_name",
-                    format!("= {name:?} is not a DNS name or an IP address"),
-                ));
-            }
+            tls.server_name()?;
         }
         if self.startup_wait > MAX_STARTUP_WAIT {
             return Err(invalid(

@@ -16,14 +16,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use super::config::{ConfigError, CqlTls};
-
-fn invalid(key: &str, reason: String) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.to_owned(),
-        reason,
-    }
-}
+use super::config::{ConfigError, CqlTls, invalid};
 
 /// The rustls client settings for `tls`: its CAs (or Mozilla's), TLS 1.2 and 1.3, and the
 /// name check it asks for. Reads `ca_file`; its errors name the key.
@@ -38,15 +31,9 @@ pub fn client_config(tls: &CqlTls) -> Result<rustls::ClientConfig, ConfigError> 
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid("tls", format!("cannot be set up: {e}")))?;
-    let config = match &tls.server_name {
+    let config = match tls.server_name()? {
         None => builder.with_root_certificates(roots),
         Some(name) => {
-            let name = ServerName::try_from(name.clone()).map_err(|_| {
-                invalid(
-                    "tls.server_name",
-                    format!("= {name:?} is not a DNS name or an IP address"),
-                )
-            })?;
             let verifier = FixedName::new(roots, provider, name)?;
             builder
                 .dangerous()
