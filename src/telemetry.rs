@@ -68,6 +68,10 @@ pub mod name {
     /// The share of each second the runtime's workers, all of them, spent running tasks: near 1
     /// the process has more work than its workers get CPU for.
     pub const RUNTIME_BUSY: &str = "hookline_runtime_busy_ratio";
+    /// The CQL store's TLS files read again after they changed, by `file` (`ca`,
+    /// `client_cert`) and `outcome` (`used`, or `refused`: unusable, the files read before
+    /// stay in use).
+    pub const STORE_TLS_REREADS: &str = "hookline_store_tls_rereads_total";
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -270,6 +274,11 @@ fn describe() {
         RUNTIME_LAG,
         metrics::Unit::Seconds,
         "How late the runtime woke a task due every 10 ms (time tasks wait for a worker)."
+    );
+    describe_counter!(
+        STORE_TLS_REREADS,
+        "CQL TLS files read again after a change, by file and outcome (refused: the files \
+         read before stay in use)."
     );
     describe_histogram!(
         RUNTIME_BUSY,
@@ -576,6 +585,37 @@ pub fn runtime_lag(late: Duration) {
 /// [`crate::lag::watch_busy`]).
 pub fn runtime_busy(share: f64) {
     histogram!(name::RUNTIME_BUSY).record(share);
+}
+
+/// Which of the CQL store's TLS files: the CAs (`tls.ca_file`) or hookline's own certificate
+/// and key (`tls.cert_file`, `tls.key_file`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqlTlsFile {
+    Ca,
+    ClientCert,
+}
+
+impl CqlTlsFile {
+    fn as_str(self) -> &'static str {
+        match self {
+            CqlTlsFile::Ca => "ca",
+            CqlTlsFile::ClientCert => "client_cert",
+        }
+    }
+}
+
+/// Registers `file`'s re-read series at zero: the store reads it again when it changes.
+pub fn cql_tls_watched(file: CqlTlsFile) {
+    for outcome in ["used", "refused"] {
+        counter!(name::STORE_TLS_REREADS, "file" => file.as_str(), "outcome" => outcome)
+            .increment(0);
+    }
+}
+
+/// The CQL store's `file` changed and was read again: `used`, or refused as unusable.
+pub fn cql_tls_reread(file: CqlTlsFile, used: bool) {
+    let outcome = if used { "used" } else { "refused" };
+    counter!(name::STORE_TLS_REREADS, "file" => file.as_str(), "outcome" => outcome).increment(1);
 }
 
 /// How often a lasting problem is logged again while it lasts: a client that has lost every

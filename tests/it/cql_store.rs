@@ -15,7 +15,7 @@ use hookline::retry_policy::DeadReason;
 use hookline::storage::conformance::{self, attempt_row};
 use hookline::storage::scylla::{
     CqlPassword, CqlTls, DeadLetter, DeadLetterQuery, ScyllaConfig, ScyllaError, ScyllaStore,
-    connect_session,
+    connect_session, connect_session_with, tls_context,
 };
 use hookline::storage::{
     AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, DeliveryStore, HistoryQuery, Page,
@@ -263,6 +263,79 @@ async fn tls_checks_the_nodes_certificate_and_shows_hookline_s_own() {
         );
     })
     .await;
+}
+
+/// Rotated TLS files are used by the next connection made with the same settings, as the
+/// driver's reconnections are: a CA that no longer names the node's issuer is refused and the
+/// right one taken again; a client certificate the node does not take is refused, and the node's
+/// own one taken once it is back. A change that cannot be used (a key of another certificate)
+/// keeps the files read before. Each file is replaced as a rotation does, by a rename.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_tls_files_are_used_by_the_next_connection() {
+    let c = cql().await;
+    let files = require_cql_tls();
+    let dir = tempfile::tempdir().expect("scratch directory");
+    let (ca, cert, key) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("client.pem"),
+        dir.path().join("client.key"),
+    );
+    let rotate = |to: &Path, from: &Path| {
+        let next = to.with_extension("next");
+        std::fs::copy(from, &next).expect("copy a TLS file");
+        std::fs::rename(&next, to).expect("rename a TLS file");
+    };
+    rotate(&ca, &files.ca);
+    rotate(&cert, &files.cert);
+    rotate(&key, &files.key);
+    let config = ScyllaConfig {
+        tls: Some(CqlTls {
+            ca_file: Some(ca.clone()),
+            server_name: None,
+            cert_file: Some(cert.clone()),
+            key_file: Some(key.clone()),
+        }),
+        ..c.config.clone()
+    };
+    let context = tls_context(&config).expect("TLS settings");
+    let connect = || connect_session_with(&config, context.clone());
+    let connects = |case: &'static str| async move {
+        let session = connect().await.unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(a_client_uses_tls(&session).await, "{case}: no TLS client");
+    };
+    let refused = |case: &'static str, why: &'static str| async move {
+        let e = connect()
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{case}: the handshake went through"));
+        assert!(e.to_string().contains(why), "{case}: {e}");
+    };
+    connects("as first read").await;
+    rotate(&ca, &files.stranger_cert);
+    refused(
+        "a CA file that no longer names the node's issuer",
+        "UnknownIssuer",
+    )
+    .await;
+    rotate(&ca, &files.ca);
+    connects("the node's CA back").await;
+    rotate(&cert, &files.stranger_cert);
+    rotate(&key, &files.stranger_key);
+    refused(
+        "a client certificate the node does not take",
+        "cannot connect",
+    )
+    .await;
+    // The stranger's certificate with the node's key: unusable, so the stranger's pair stays.
+    rotate(&key, &files.other_key);
+    refused(
+        "an unusable key keeps the stranger's pair",
+        "cannot connect",
+    )
+    .await;
+    rotate(&cert, &files.cert);
+    rotate(&key, &files.key);
+    connects("hookline's own certificate back").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -98,7 +98,8 @@ impl<'de> Deserialize<'de> for CqlPassword {
     }
 }
 
-/// `[store.scylla.tls]`: how hookline checks the nodes' certificates.
+/// `[store.scylla.tls]`: how hookline checks the nodes' certificates, and its own. The files are
+/// read at start-up and again by the first connection after they change (see the `tls` module).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CqlTls {

@@ -202,6 +202,27 @@ impl ScyllaError {
 /// Opens a session on the configured cluster: token-aware routing (within `local_dc` when set),
 /// LOCAL_QUORUM, and `write_timeout` on every request.
 pub async fn connect_session(config: &ScyllaConfig) -> Result<Session, ScyllaError> {
+    connect_session_with(config, tls_context(config)?).await
+}
+
+/// The TLS settings `config` asks for (`None`: plain TCP), with its files read. Every connection
+/// a session opens (at start-up, and whenever the driver reconnects) uses them, and they read
+/// their files again when they change (a rotated CA or client certificate).
+pub fn tls_context(
+    config: &ScyllaConfig,
+) -> Result<Option<Arc<rustls::ClientConfig>>, ScyllaError> {
+    config.validate()?;
+    Ok(match &config.tls {
+        Some(tls) => Some(Arc::new(tls::client_config(tls)?)),
+        None => None,
+    })
+}
+
+/// [`connect_session`] with TLS settings from [`tls_context`], which sessions may share.
+pub async fn connect_session_with(
+    config: &ScyllaConfig,
+    tls: Option<Arc<rustls::ClientConfig>>,
+) -> Result<Session, ScyllaError> {
     config.validate()?;
     let mut policy = DefaultPolicy::builder().token_aware(true);
     if let Some(dc) = &config.local_dc {
@@ -218,8 +239,8 @@ pub async fn connect_session(config: &ScyllaConfig) -> Result<Session, ScyllaErr
     if let (Some(user), Some(password)) = (&config.username, &config.password) {
         builder = builder.user(user.as_str(), password.expose());
     }
-    if let Some(tls) = &config.tls {
-        builder = builder.tls_context(Some(Arc::new(tls::client_config(tls)?)));
+    if let Some(tls) = tls {
+        builder = builder.tls_context(Some(tls));
     }
     builder.build().await.map_err(|e| {
         let nodes = config.nodes.clone();

@@ -6,62 +6,174 @@
 //! cluster: `server_name` checks every node's certificate against that name, with the chain
 //! and expiry checked as usual.
 
-use std::path::Path;
-use std::sync::Arc;
+//! hookline reads the CA, certificate and key files again when they change (a rotation by
+//! cert-manager, a Kubernetes secret updated in place): each new connection to a node (at
+//! start-up, and whenever the driver reconnects, as after a node's restart) checks the files and
+//! uses what they hold then. Connections already open keep the certificates they were made
+//! with. A change that cannot be used (a file half written, a key that is not the
+//! certificate's) is logged and counted, and the files read before stay in use until the next
+//! change.
 
-use rustls::client::WebPkiServerVerifier;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use super::config::{ConfigError, CqlTls, invalid};
+use crate::telemetry;
 
 /// The rustls client settings for `tls`: its CAs (or Mozilla's), TLS 1.2 and 1.3, and the
-/// name check it asks for. Reads `ca_file`; its errors name the key.
+/// name check it asks for. Reads the files it names; their errors name the key. The files are
+/// read again when they change (see the module's documentation).
 pub fn client_config(tls: &CqlTls) -> Result<rustls::ClientConfig, ConfigError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let roots = match &tls.ca_file {
-        Some(path) => ca_roots(path)?,
-        None => RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        },
-    };
+    let verifier = NodeVerifier::new(tls, provider.clone())?;
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| invalid("tls", format!("cannot be set up: {e}")))?;
-    let config = match tls.server_name()? {
-        None => builder.with_root_certificates(roots),
-        Some(name) => {
-            let verifier = FixedName::new(roots, provider, name)?;
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(verifier))
-        }
-    };
-    match (&tls.cert_file, &tls.key_file) {
+        .map_err(|e| invalid("tls", format!("cannot be set up: {e}")))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier));
+    let mut config = match (&tls.cert_file, &tls.key_file) {
         (Some(cert), Some(key)) => {
-            let chain = certificates(cert, "tls.cert_file")?;
-            let shown = key.display();
-            // What is wrong with the key is said without its contents: it is secret.
-            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                invalid(
-                    "tls.key_file",
-                    format!("= {shown:?} holds no usable private key: {}", pem_error(&e)),
-                )
+            let (cert, key) = (cert.clone(), key.clone());
+            let files = vec![cert.clone(), key.clone()];
+            let own = Reloading::new(telemetry::CqlTlsFile::ClientCert, files, move || {
+                certified_key(&cert, &key, &provider)
             })?;
-            config.with_client_auth_cert(chain, key_der).map_err(|e| {
-                invalid(
-                    "tls.key_file",
-                    format!("= {shown:?} cannot be used with tls.cert_file: {e}"),
-                )
-            })
+            builder.with_client_cert_resolver(Arc::new(OwnCertificate(own)))
         }
-        _ => Ok(config.with_no_client_auth()),
+        _ => builder.with_no_client_auth(),
+    };
+    // A resumed session skips both certificate checks, so a connection made after a rotation
+    // could go on under the CA and certificate of before. The driver holds a few long-lived
+    // connections per node: a full handshake each time costs nothing that matters.
+    config.resumption = rustls::client::Resumption::disabled();
+    Ok(config)
+}
+
+/// hookline's certificate and key from `cert` and `key`, checked to belong together.
+fn certified_key(
+    cert: &Path,
+    key: &Path,
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, ConfigError> {
+    let chain = certificates(cert, "tls.cert_file")?;
+    let shown = key.display();
+    // What is wrong with the key is said without its contents: it is secret.
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        invalid(
+            "tls.key_file",
+            format!("= {shown:?} holds no usable private key: {}", pem_error(&e)),
+        )
+    })?;
+    CertifiedKey::from_der(chain, key_der, provider).map_err(|e| {
+        invalid(
+            "tls.key_file",
+            format!("= {shown:?} cannot be used with tls.cert_file: {e}"),
+        )
+    })
+}
+
+/// What a file looked like when last read: its length, modification time and inode (a
+/// Kubernetes secret volume swaps a symlink to a new file), or that it could not be seen.
+type Stamp = Vec<Option<(u64, SystemTime, u64)>>;
+
+fn stamp(paths: &[PathBuf]) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    paths
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.len(), m.modified().ok()?, m.ino()))
+        })
+        .collect()
+}
+
+/// A value read from files, read again at its first use after any of them changed. A read that
+/// fails keeps the value read before, with a warning, until the files change again.
+struct Reloading<T> {
+    what: telemetry::CqlTlsFile,
+    files: Vec<PathBuf>,
+    read: Box<dyn Fn() -> Result<T, ConfigError> + Send + Sync>,
+    /// The files' stamp when last read (whether that read was used or not), and the value in
+    /// use.
+    state: Mutex<(Stamp, Arc<T>)>,
+}
+
+impl<T> Reloading<T> {
+    /// Reads the value now; its error is the caller's (at start-up, a settings error).
+    fn new(
+        what: telemetry::CqlTlsFile,
+        files: Vec<PathBuf>,
+        read: impl Fn() -> Result<T, ConfigError> + Send + Sync + 'static,
+    ) -> Result<Reloading<T>, ConfigError> {
+        // Stamped before reading: a change during the read is read again at the next use.
+        let seen = stamp(&files);
+        let value = Arc::new(read()?);
+        if !files.is_empty() {
+            telemetry::cql_tls_watched(what);
+        }
+        Ok(Reloading {
+            what,
+            files,
+            read: Box::new(read),
+            state: Mutex::new((seen, value)),
+        })
+    }
+
+    /// The value the files hold now, or the last one that could be used.
+    fn current(&self) -> Arc<T> {
+        let seen = stamp(&self.files);
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.0 != seen {
+            state.0 = seen;
+            match (self.read)() {
+                Ok(value) => {
+                    state.1 = Arc::new(value);
+                    telemetry::cql_tls_reread(self.what, true);
+                    tracing::info!(files = ?self.files, "CQL TLS files changed; read again");
+                }
+                Err(e) => {
+                    telemetry::cql_tls_reread(self.what, false);
+                    tracing::warn!(
+                        error = %e,
+                        "CQL TLS files changed but cannot be used; keeping the ones read before"
+                    );
+                }
+            }
+        }
+        state.1.clone()
     }
 }
 
+impl<T> std::fmt::Debug for Reloading<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloading")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+/// hookline's own certificate, as its files hold it now.
+#[derive(Debug)]
+struct OwnCertificate(Reloading<CertifiedKey>);
+
+impl ResolvesClientCert for OwnCertificate {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.current())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
 /// What went wrong reading a PEM key file, without its contents.
 fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
     use rustls::pki_types::pem::Error;
@@ -106,38 +218,65 @@ fn ca_roots(path: &Path) -> Result<RootCertStore, ConfigError> {
     Ok(roots)
 }
 
-/// Checks a node's certificate as rustls does, against one configured name instead of the
-/// name the driver dialled (the node's IP address).
-#[derive(Debug)]
-struct FixedName {
-    inner: Arc<WebPkiServerVerifier>,
-    name: ServerName<'static>,
+/// The chain and expiry check of rustls's own verifier under `roots`.
+fn webpki(
+    roots: RootCertStore,
+    provider: Arc<CryptoProvider>,
+) -> Result<Arc<WebPkiServerVerifier>, ConfigError> {
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| invalid("tls.ca_file", format!("cannot be used: {e}")))
 }
 
-impl FixedName {
-    fn new(
-        roots: RootCertStore,
-        provider: Arc<CryptoProvider>,
-        name: ServerName<'static>,
-    ) -> Result<FixedName, ConfigError> {
-        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .map_err(|e| invalid("tls.ca_file", format!("cannot be used: {e}")))?;
-        Ok(FixedName { inner, name })
+/// Checks a node's certificate as rustls does, under the CAs `ca_file` holds now (or
+/// Mozilla's), against `server_name` when set and otherwise the name the driver dialled (the
+/// node's IP address).
+#[derive(Debug)]
+struct NodeVerifier {
+    roots: Reloading<Arc<WebPkiServerVerifier>>,
+    name: Option<ServerName<'static>>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl NodeVerifier {
+    fn new(tls: &CqlTls, provider: Arc<CryptoProvider>) -> Result<NodeVerifier, ConfigError> {
+        let name = tls.server_name()?;
+        let p = provider.clone();
+        let roots = match tls.ca_file.clone() {
+            Some(path) => {
+                Reloading::new(telemetry::CqlTlsFile::Ca, vec![path.clone()], move || {
+                    webpki(ca_roots(&path)?, p.clone())
+                })?
+            }
+            // Compiled in: no file, so never read again.
+            None => Reloading::new(telemetry::CqlTlsFile::Ca, Vec::new(), move || {
+                let roots = RootCertStore {
+                    roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+                };
+                webpki(roots, p.clone())
+            })?,
+        };
+        Ok(NodeVerifier {
+            roots,
+            name,
+            provider,
+        })
     }
 }
 
-impl ServerCertVerifier for FixedName {
+impl ServerCertVerifier for NodeVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
-        _dialled: &ServerName<'_>,
+        dialled: &ServerName<'_>,
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.inner
-            .verify_server_cert(end_entity, intermediates, &self.name, ocsp_response, now)
+        let name = self.name.as_ref().unwrap_or(dialled);
+        self.roots
+            .current()
+            .verify_server_cert(end_entity, intermediates, name, ocsp_response, now)
     }
 
     fn verify_tls12_signature(
@@ -146,7 +285,12 @@ impl ServerCertVerifier for FixedName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -155,10 +299,108 @@ impl ServerCertVerifier for FixedName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes `text` to `path` as a rotation does: a new file renamed over the old one.
+    fn rotate(path: &Path, text: &str) {
+        let next = path.with_extension("next");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, path).unwrap();
+    }
+
+    /// A file's text, refused when it says "bad".
+    fn reader(path: PathBuf) -> impl Fn() -> Result<String, ConfigError> + Send + Sync {
+        move || {
+            let text = std::fs::read_to_string(&path).map_err(|e| invalid("f", e.to_string()))?;
+            if text.contains("bad") {
+                return Err(invalid("f", "is bad"));
+            }
+            Ok(text)
+        }
+    }
+
+    #[test]
+    fn a_changed_file_is_read_again_and_an_unusable_change_keeps_the_last_good_one() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let counted = recorder.handle();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.pem");
+        rotate(&path, "one");
+        let r = Reloading::new(
+            telemetry::CqlTlsFile::Ca,
+            vec![path.clone()],
+            reader(path.clone()),
+        )
+        .unwrap();
+        assert_eq!(*r.current(), "one");
+        rotate(&path, "two");
+        assert_eq!(*r.current(), "two", "a file renamed over the old one");
+        std::fs::write(&path, "bad").unwrap();
+        assert_eq!(
+            *r.current(),
+            "two",
+            "an unusable change keeps the last good value"
+        );
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(*r.current(), "two", "a file gone keeps the last good value");
+        // Written in place, same length: a new modification time.
+        std::fs::write(&path, "six").unwrap();
+        assert_eq!(*r.current(), "six");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&path, "ten").unwrap();
+        assert_eq!(*r.current(), "ten", "rewritten in place, same length");
+        let text = counted.render();
+        for (outcome, n) in [("used", 3), ("refused", 2)] {
+            let series = format!(
+                "hookline_store_tls_rereads_total{{file=\"ca\",outcome=\"{outcome}\"}} {n}\n"
+            );
+            assert!(text.contains(&series), "no {series} in {text}");
+        }
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_at_start_is_the_callers_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.pem");
+        std::fs::write(&path, "bad").unwrap();
+        let e = Reloading::new(telemetry::CqlTlsFile::Ca, vec![path.clone()], reader(path))
+            .unwrap_err();
+        assert_eq!(e.to_string(), "store.scylla.f is bad");
+    }
+
+    #[test]
+    fn an_unchanged_file_is_not_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.pem");
+        rotate(&path, "one");
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (counted, read) = (reads.clone(), reader(path.clone()));
+        let r = Reloading::new(telemetry::CqlTlsFile::Ca, vec![path.clone()], move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            read()
+        })
+        .unwrap();
+        for _ in 0..5 {
+            assert_eq!(*r.current(), "one");
+        }
+        assert_eq!(reads.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 }

@@ -109,6 +109,9 @@ pub struct CqlTlsFiles {
     pub key: std::path::PathBuf,
     /// A private key that belongs to another certificate (the node's).
     pub other_key: std::path::PathBuf,
+    /// A self-signed client certificate the node does not take, and its key.
+    pub stranger_cert: std::path::PathBuf,
+    pub stranger_key: std::path::PathBuf,
 }
 
 /// [`CqlTlsFiles`], once they are there.
@@ -129,12 +132,22 @@ pub fn require_cql_tls() -> CqlTlsFiles {
         cert: dir.join("client.pem"),
         key: dir.join("client.key"),
         other_key: dir.join("node.key"),
+        stranger_cert: dir.join("stranger.pem"),
+        stranger_key: dir.join("stranger.key"),
     };
-    for f in [&files.ca, &files.cert, &files.key, &files.other_key] {
+    for f in [
+        &files.ca,
+        &files.cert,
+        &files.key,
+        &files.other_key,
+        &files.stranger_cert,
+        &files.stranger_key,
+    ] {
         assert!(
             f.is_file(),
             "no {} of the test CQL node: run `tests/services up`, which makes it (or set \
-             HOOKLINE_TEST_CQL_TLS to a directory with ca.pem, client.pem, client.key, node.key)",
+             HOOKLINE_TEST_CQL_TLS to a directory with ca.pem, client.pem, client.key, node.key, \
+             stranger.pem, stranger.key)",
             f.display()
         );
     }
