@@ -20,7 +20,7 @@ use crate::id::EndpointId;
 use crate::kafka::{client_config, producer_config};
 use crate::record::DeliveryRecord;
 use crate::stage::produce_until_acked;
-use crate::storage::{DeliveryStore, ReplayAudit, StoreError};
+use crate::storage::{DeliveryState, DeliveryStore, ReplayAudit, StoreError};
 use crate::telemetry;
 
 /// What to replay.
@@ -81,6 +81,18 @@ pub struct ReplayTarget {
     pub dlq: String,
     /// The deliveries topic.
     pub deliveries: String,
+}
+
+impl ReplayTarget {
+    /// The cluster and topics `config` names.
+    pub fn of(config: &crate::config::Config) -> ReplayTarget {
+        ReplayTarget {
+            bootstrap: config.kafka.bootstrap_servers.clone(),
+            client: config.kafka.client.clone(),
+            dlq: config.kafka.topics.dlq.clone(),
+            deliveries: config.kafka.topics.deliveries.clone(),
+        }
+    }
 }
 
 /// What a replay did.
@@ -171,6 +183,33 @@ pub enum ReplayError {
         from: i64,
         /// Requested end.
         to: i64,
+    },
+    /// A dead delivery's DLQ record was not found where it should be.
+    #[error(
+        "the dead letter of delivery {delivery} is not in {dlq}: it is past the topic's \
+         retention, or the delivery stage stopped before writing it (it then sends the delivery \
+         again when it restarts)"
+    )]
+    DeadLetterGone {
+        /// The delivery.
+        delivery: String,
+        /// The DLQ topic.
+        dlq: String,
+    },
+    /// Looking for a dead delivery's DLQ record took too long.
+    #[error(
+        "looking for the dead letter of delivery {delivery} in {dlq} took over {}s: the brokers \
+         are slow or the DLQ is large around that time; retry, or replay by offset with \
+         `hookline replay`",
+        .limit.as_secs()
+    )]
+    NotLocated {
+        /// The delivery.
+        delivery: String,
+        /// The DLQ topic.
+        dlq: String,
+        /// How long it looked.
+        limit: Duration,
     },
     /// The replay stopped before the end of its range (a read failed or went quiet, or a
     /// record was not acknowledged); what it republished up to there is in its audit entry.
@@ -398,6 +437,20 @@ fn check_partition(
     target: &ReplayTarget,
     partition: i32,
 ) -> Result<(), ReplayError> {
+    let partitions = dlq_partitions(consumer, target)?;
+    if partition >= partitions {
+        return Err(ReplayError::NoPartition {
+            topic: target.dlq.clone(),
+            partitions,
+            partition,
+        });
+    }
+    Ok(())
+}
+
+/// Asks the brokers how many partitions the DLQ topic has (at least 1), with the errors of
+/// [`check_partition`].
+fn dlq_partitions(consumer: &DlqConsumer, target: &ReplayTarget) -> Result<i32, ReplayError> {
     let metadata_error =
         |source| kafka_failure(target, format!("reading the metadata of {}", target.dlq))(source);
     let metadata =
@@ -434,15 +487,7 @@ fn check_partition(
     if partitions == 0 {
         return Err(missing());
     }
-    let partitions = i32::try_from(partitions).unwrap_or(i32::MAX);
-    if partition >= partitions {
-        return Err(ReplayError::NoPartition {
-            topic: target.dlq.clone(),
-            partitions,
-            partition,
-        });
-    }
-    Ok(())
+    Ok(i32::try_from(partitions).unwrap_or(i32::MAX))
 }
 
 /// Whether `e` means no broker could be reached (down, wrong address, name not resolving).
@@ -531,14 +576,8 @@ pub async fn check<'a>(
     request: &'a ReplayRequest,
 ) -> Result<Checked<'a>, ReplayError> {
     request.validate()?;
-    let group = format!("hookline-replay-{}", uuid::Uuid::new_v4().simple());
     let kafka = |action: String| kafka_failure(target, action);
-    let consumer: DlqConsumer = client_config(&target.bootstrap, &target.client)
-        .set("group.id", &group)
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .create_with_context(ReplayContext::default())
-        .map_err(kafka("creating the DLQ consumer".into()))?;
+    let consumer = dlq_consumer(target)?;
     check_partition(&consumer, target, request.partition)?;
     consumer.context().answered.store(true, Ordering::Relaxed);
     let (low, high) = tokio::task::block_in_place(|| {
@@ -578,6 +617,251 @@ pub async fn check<'a>(
     })
 }
 
+/// A consumer of the DLQ that commits nothing (its group is its own).
+fn dlq_consumer(target: &ReplayTarget) -> Result<DlqConsumer, ReplayError> {
+    let group = format!("hookline-replay-{}", uuid::Uuid::new_v4().simple());
+    client_config(&target.bootstrap, &target.client)
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .create_with_context(ReplayContext::default())
+        .map_err(kafka_failure(target, "creating the DLQ consumer".into()))
+}
+
+/// Where a dead letter's DLQ record is looked for, from its delivery's last attempt: a little
+/// before it (clocks), and well after it (the record is produced once the attempt and its log
+/// row are done, later when the broker was away meanwhile).
+const LOCATE_BEFORE: Duration = Duration::from_secs(5);
+const LOCATE_AFTER: Duration = Duration::from_secs(600);
+
+/// How long [`locate`] reads the DLQ before giving up.
+pub const LOCATE_LIMIT: Duration = Duration::from_secs(10);
+
+/// Where a delivery's dead letter is in the DLQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DlqPosition {
+    /// The DLQ partition.
+    pub partition: i32,
+    /// The record's offset.
+    pub offset: i64,
+}
+
+/// Finds the DLQ record of `delivery`, which the attempt log shows dead-lettered: the first
+/// dead letter of its delivery id in any DLQ partition, at most [`LOCATE_BEFORE`] before its
+/// last attempt and [`LOCATE_AFTER`] after it. `Ok(None)` when every partition was read that
+/// far (or to its end) without finding it: the record is past the topic's retention, or was
+/// never written (the process stopped in between; the delivery stage then writes it when it
+/// reads the delivery again).
+pub async fn locate(
+    target: &ReplayTarget,
+    delivery: &DeliveryState,
+) -> Result<Option<DlqPosition>, ReplayError> {
+    let consumer = dlq_consumer(target)?;
+    let partitions = dlq_partitions(&consumer, target)?;
+    consumer.context().answered.store(true, Ordering::Relaxed);
+    let millis = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    };
+    let from = millis(
+        delivery
+            .last_attempt_at
+            .checked_sub(LOCATE_BEFORE)
+            .unwrap_or(SystemTime::UNIX_EPOCH),
+    );
+    let until = millis(delivery.last_attempt_at + LOCATE_AFTER);
+    let reading = || {
+        format!(
+            "looking for delivery {} in {}",
+            delivery.delivery_id, target.dlq
+        )
+    };
+    let mut asked = TopicPartitionList::new();
+    for p in 0..partitions {
+        asked
+            .add_partition_offset(&target.dlq, p, Offset::Offset(from))
+            .map_err(kafka_failure(target, reading()))?;
+    }
+    let starts = tokio::task::block_in_place(|| consumer.offsets_for_times(asked, KAFKA_TIMEOUT))
+        .map_err(kafka_failure(target, reading()))?;
+    // What is left to read of each partition. A partition with no record since `from` by the
+    // brokers' timestamp index is probed at its newest record first: a broker that cannot look
+    // offsets up by time (librdkafka's mock cluster, under `hookline dev`) answers "none" for
+    // every partition, and then a newest record at or after `from` sends the search back to
+    // the partition's start.
+    enum Left {
+        Probe { low: i64, last: i64 },
+        Scan { last: i64 },
+    }
+    let mut left: std::collections::BTreeMap<i32, Left> = std::collections::BTreeMap::new();
+    let mut assign = TopicPartitionList::new();
+    for e in starts.elements() {
+        let p = e.partition();
+        let (low, high) = tokio::task::block_in_place(|| {
+            consumer.fetch_watermarks(&target.dlq, p, KAFKA_TIMEOUT)
+        })
+        .map_err(kafka_failure(target, reading()))?;
+        if low >= high {
+            continue; // Empty.
+        }
+        let (start, state) = match e.offset() {
+            Offset::Offset(start) if start < high => (start, Left::Scan { last: high - 1 }),
+            Offset::Offset(_) => continue,
+            _ => (
+                high - 1,
+                Left::Probe {
+                    low,
+                    last: high - 1,
+                },
+            ),
+        };
+        left.insert(p, state);
+        assign
+            .add_partition_offset(&target.dlq, p, Offset::Offset(start))
+            .map_err(kafka_failure(target, reading()))?;
+    }
+    if left.is_empty() {
+        return Ok(None);
+    }
+    consumer
+        .assign(&assign)
+        .map_err(kafka_failure(target, reading()))?;
+    let deadline = Instant::now() + LOCATE_LIMIT;
+    while !left.is_empty() {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        if wait.is_zero() {
+            return Err(ReplayError::NotLocated {
+                delivery: delivery.delivery_id.to_string(),
+                dlq: target.dlq.clone(),
+                limit: LOCATE_LIMIT,
+            });
+        }
+        let msg = match tokio::task::block_in_place(|| consumer.poll(wait.min(POLL_WAIT))) {
+            Some(Ok(m)) => m,
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                if matches!(left.get(&p), Some(Left::Scan { .. })) {
+                    left.remove(&p);
+                }
+                continue;
+            }
+            Some(Err(source)) if read_error_is_final(&source) => {
+                return Err(kafka_failure(target, reading())(source));
+            }
+            _ => continue,
+        };
+        let found = DeliveryRecord::from_message(&msg)
+            .is_ok_and(|r| r.dead.is_some() && r.delivery_id == delivery.delivery_id);
+        if found {
+            return Ok(Some(DlqPosition {
+                partition: msg.partition(),
+                offset: msg.offset(),
+            }));
+        }
+        let (p, at) = (msg.partition(), msg.timestamp().to_millis());
+        match left.get(&p) {
+            Some(Left::Probe { low, last }) if at.is_some_and(|t| t >= from) && *low < *last => {
+                let (low, last) = (*low, *last);
+                drop(msg);
+                tokio::task::block_in_place(|| {
+                    consumer.seek(&target.dlq, p, Offset::Offset(low), KAFKA_TIMEOUT)
+                })
+                .map_err(kafka_failure(target, reading()))?;
+                left.insert(p, Left::Scan { last });
+            }
+            Some(Left::Probe { .. }) => {
+                left.remove(&p);
+            }
+            Some(Left::Scan { last }) if at.is_some_and(|t| t > until) || msg.offset() >= *last => {
+                left.remove(&p);
+            }
+            Some(Left::Scan { .. }) | None => {}
+        }
+    }
+    Ok(None)
+}
+
+/// What [`replay_delivery`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryReplay {
+    /// The replay id receivers see.
+    pub replay_id: String,
+    /// Where its dead letter was.
+    pub from: DlqPosition,
+}
+
+/// How long a replay through the admin API waits on the brokers: its answer is due within the
+/// API's request deadline.
+const API_IDLE_LIMIT: Duration = Duration::from_secs(5);
+const API_PUBLISH_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Replays one dead-lettered delivery: [`locate`]s its DLQ record and republishes it as a
+/// replay of that one offset does, audit entry included.
+pub async fn replay_delivery(
+    target: &ReplayTarget,
+    store: &dyn DeliveryStore,
+    delivery: &DeliveryState,
+    actor: String,
+    reason: String,
+) -> Result<DeliveryReplay, ReplayError> {
+    let from = locate(target, delivery)
+        .await?
+        .ok_or_else(|| ReplayError::DeadLetterGone {
+            delivery: delivery.delivery_id.to_string(),
+            dlq: target.dlq.clone(),
+        })?;
+    let request = ReplayRequest {
+        partition: from.partition,
+        from_offset: from.offset,
+        to_offset: from.offset,
+        endpoint: Some(delivery.endpoint_id.clone()),
+        actor,
+        reason,
+        dry_run: false,
+    };
+    let summary = check(target, &request)
+        .await?
+        .idle_limit(API_IDLE_LIMIT)
+        .publish_deadline(API_PUBLISH_DEADLINE)
+        .run(store, &mut |_, _| {})
+        .await?;
+    Ok(DeliveryReplay {
+        replay_id: summary.replay_id,
+        from,
+    })
+}
+
+/// Replays one dead delivery for the admin API (`POST /v1/deliveries/{id}/replay`).
+#[async_trait::async_trait]
+pub trait DeliveryReplayer: Send + Sync {
+    /// Replays `delivery` (dead in the attempt log), as [`replay_delivery`] does.
+    async fn replay(
+        &self,
+        delivery: &DeliveryState,
+        actor: String,
+        reason: String,
+    ) -> Result<DeliveryReplay, ReplayError>;
+}
+
+/// [`DeliveryReplayer`] on the cluster and store the process runs on.
+pub struct KafkaReplayer {
+    /// Where the DLQ and the deliveries topic are.
+    pub target: ReplayTarget,
+    /// Where the audit entry goes.
+    pub store: Arc<dyn DeliveryStore>,
+}
+
+#[async_trait::async_trait]
+impl DeliveryReplayer for KafkaReplayer {
+    async fn replay(
+        &self,
+        delivery: &DeliveryState,
+        actor: String,
+        reason: String,
+    ) -> Result<DeliveryReplay, ReplayError> {
+        replay_delivery(&self.target, self.store.as_ref(), delivery, actor, reason).await
+    }
+}
+
 /// What replay is doing while it reads the DLQ, for its errors.
 fn reading(target: &ReplayTarget, request: &ReplayRequest) -> String {
     format!("reading {} partition {}", target.dlq, request.partition)
@@ -601,10 +885,10 @@ impl Checked<'_> {
     /// Republishes the checked range (unless a dry run) and records the audit entry in `store`.
     /// A replay that stops short of the range's end fails with [`ReplayError::Incomplete`],
     /// after recording an audit entry for the part it covered.
-    pub async fn run(
+    pub async fn run<P: Progress + ?Sized>(
         self,
         store: &dyn DeliveryStore,
-        progress: &mut dyn Progress,
+        progress: &mut P,
     ) -> Result<ReplaySummary, ReplayError> {
         let Checked {
             target,

@@ -40,6 +40,10 @@ pub enum ApiError {
     /// 409 `conflict`: a concurrent write won, or an event id reused for a different event.
     #[error("{0}")]
     Conflict(String),
+    /// 410 `gone`: it existed, but what the request needs of it is gone for good (a dead
+    /// letter past the DLQ's retention).
+    #[error("{0}")]
+    Gone(String),
     /// 413 `payload_too_large`.
     #[error("{0}")]
     PayloadTooLarge(String),
@@ -94,6 +98,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Gone(_) => StatusCode::GONE,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
@@ -111,6 +116,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Conflict(_) => "conflict",
+            ApiError::Gone(_) => "gone",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Invalid { .. } => "invalid",

@@ -86,6 +86,8 @@ pub struct AdminState {
     /// The sender's rules for endpoint URLs, applied at registration where they need no DNS;
     /// `None` checks the URL's shape only.
     pub url_rules: Option<Arc<UrlRules>>,
+    /// Replays dead deliveries (`POST /v1/deliveries/{id}/replay`); `None` answers 503.
+    pub replayer: Option<Arc<dyn crate::replay::DeliveryReplayer>>,
     permits: Arc<Semaphore>,
 }
 
@@ -152,6 +154,7 @@ impl AdminState {
             recent_ids: Arc::new(RecentIds::default()),
             max_payload_bytes: crate::input::DEFAULT_MAX_PAYLOAD,
             url_rules: None,
+            replayer: None,
             permits: Arc::new(Semaphore::new(MAX_CONCURRENT_REQUESTS)),
         }
     }
@@ -159,6 +162,15 @@ impl AdminState {
     /// Sets the payload limit (`http.max_payload_bytes`).
     pub fn with_max_payload_bytes(mut self, bytes: usize) -> AdminState {
         self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Replays dead deliveries with `replayer`.
+    pub fn with_replayer(
+        mut self,
+        replayer: Arc<dyn crate::replay::DeliveryReplayer>,
+    ) -> AdminState {
+        self.replayer = Some(replayer);
         self
     }
 
@@ -196,6 +208,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/events", post(events::ingest))
         .route("/v1/events/{id}/deliveries", get(deliveries::by_event))
         .route("/v1/deliveries/{id}", get(deliveries::get))
+        .route("/v1/deliveries/{id}/replay", post(deliveries::replay))
         // route_layer: only matched routes authenticate, so an unknown path is a plain 404;
         // and the token is checked before any body is read.
         .route_layer(middleware::from_fn_with_state(

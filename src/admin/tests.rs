@@ -1788,3 +1788,166 @@ async fn a_burst_of_connections_waits_in_the_listen_queue_not_for_retransmission
     }
     drop(listener);
 }
+
+/// Replays as the admin API asks for them, answering as told.
+#[derive(Default)]
+struct FakeReplayer {
+    asked: std::sync::Mutex<Vec<(String, String, String)>>,
+    gone: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl crate::replay::DeliveryReplayer for FakeReplayer {
+    async fn replay(
+        &self,
+        delivery: &crate::storage::DeliveryState,
+        actor: String,
+        reason: String,
+    ) -> Result<crate::replay::DeliveryReplay, crate::replay::ReplayError> {
+        if self.gone.load(Ordering::SeqCst) {
+            return Err(crate::replay::ReplayError::DeadLetterGone {
+                delivery: delivery.delivery_id.to_string(),
+                dlq: "hookline.dlq".into(),
+            });
+        }
+        self.asked
+            .lock()
+            .unwrap()
+            .push((delivery.delivery_id.to_string(), actor, reason));
+        Ok(crate::replay::DeliveryReplay {
+            replay_id: "rpl_test".into(),
+            from: crate::replay::DlqPosition {
+                partition: 2,
+                offset: 41,
+            },
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
+    let f = fixture();
+    let ep = created_id(&f.app, ACME).await;
+    let dead = AttemptOutcome::Dead {
+        reason: crate::retry_policy::DeadReason::HttpStatus,
+    };
+    record(&f.store, "evt_dead", &ep, "acme", 1, dead).await;
+    record(
+        &f.store,
+        "evt_done",
+        &ep,
+        "acme",
+        2,
+        AttemptOutcome::Succeeded,
+    )
+    .await;
+    let dead_id = crate::id::DeliveryId::derive(
+        &crate::id::EventId::parse("evt_dead").unwrap(),
+        &EndpointId::parse(&ep).unwrap(),
+    );
+    let done_id = crate::id::DeliveryId::derive(
+        &crate::id::EventId::parse("evt_done").unwrap(),
+        &EndpointId::parse(&ep).unwrap(),
+    );
+    let uri = |id: &crate::id::DeliveryId| format!("/v1/deliveries/{id}/replay");
+
+    // A process without a replayer says so.
+    let a = call(&f.app, Method::POST, &uri(&dead_id), ACME, None).await;
+    assert_error(&a, StatusCode::SERVICE_UNAVAILABLE, "unavailable", "replay");
+
+    let replayer = Arc::new(FakeReplayer::default());
+    let app = router(f.state.clone().with_replayer(replayer.clone()));
+    let body = r#"{"actor":"alice@acme.example","reason":"receiver fixed"}"#;
+    let a = call(&app, Method::POST, &uri(&dead_id), ACME, Some(body)).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.text);
+    assert_eq!(
+        a.json,
+        json!({"replay_id": "rpl_test", "delivery_id": dead_id.to_string(),
+               "dlq_partition": 2, "dlq_offset": 41})
+    );
+    // No body at all: the token alone is the actor, with a default reason.
+    let a = call(&app, Method::POST, &uri(&dead_id), OP, None).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.text);
+    assert_eq!(
+        *replayer.asked.lock().unwrap(),
+        [
+            (
+                dead_id.to_string(),
+                "alice@acme.example (with tenant acme's API token)".to_owned(),
+                "receiver fixed".to_owned()
+            ),
+            (
+                dead_id.to_string(),
+                "with an operator's API token".to_owned(),
+                "replayed through the admin API".to_owned()
+            ),
+        ]
+    );
+
+    // Another tenant's delivery is not there; nor is an unknown or malformed id.
+    let a = call(&app, Method::POST, &uri(&dead_id), GLOBEX, None).await;
+    assert_error(&a, StatusCode::NOT_FOUND, "not_found", "delivery");
+    let a = call(
+        &app,
+        Method::POST,
+        "/v1/deliveries/dlv_nope/replay",
+        ACME,
+        None,
+    )
+    .await;
+    assert_error(&a, StatusCode::NOT_FOUND, "not_found", "dlv_nope");
+    // Only a dead delivery replays.
+    let a = call(&app, Method::POST, &uri(&done_id), ACME, None).await;
+    assert_error(&a, StatusCode::CONFLICT, "conflict", "is succeeded");
+    // Bad bodies name the field.
+    for (body, field) in [
+        (r#"{"reason":"  "}"#, "reason:"),
+        (r#"{"actor":""}"#, "actor:"),
+        (r#"{"actor":"a\nb"}"#, "actor:"),
+        (r#"{"why":"x"}"#, "why"),
+    ] {
+        let a = call(&app, Method::POST, &uri(&dead_id), ACME, Some(body)).await;
+        assert_error(&a, StatusCode::UNPROCESSABLE_ENTITY, "invalid", field);
+    }
+    let long = json!({ "reason": "x".repeat(501) }).to_string();
+    let a = call(&app, Method::POST, &uri(&dead_id), ACME, Some(&long)).await;
+    assert_error(
+        &a,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid",
+        "500 characters",
+    );
+    // A dead letter past the DLQ's retention is gone for good.
+    replayer.gone.store(true, Ordering::SeqCst);
+    let a = call(&app, Method::POST, &uri(&dead_id), ACME, None).await;
+    assert_error(&a, StatusCode::GONE, "gone", "retention");
+    replayer.gone.store(false, Ordering::SeqCst);
+    // An endpoint that would dead-letter it again is refused, saying what to do.
+    let p = call(
+        &app,
+        Method::PATCH,
+        &format!("/v1/endpoints/{ep}"),
+        ACME,
+        Some(r#"{"enabled":false}"#),
+    )
+    .await;
+    assert_eq!(p.status, StatusCode::OK, "{}", p.text);
+    let a = call(&app, Method::POST, &uri(&dead_id), ACME, None).await;
+    assert_error(&a, StatusCode::CONFLICT, "conflict", "re-enable it first");
+    let d = call(
+        &app,
+        Method::DELETE,
+        &format!("/v1/endpoints/{ep}"),
+        ACME,
+        None,
+    )
+    .await;
+    assert!(d.status.is_success(), "{}", d.text);
+    let a = call(&app, Method::POST, &uri(&dead_id), ACME, None).await;
+    assert_error(&a, StatusCode::CONFLICT, "conflict", "was deleted");
+    assert_eq!(
+        replayer.asked.lock().unwrap().len(),
+        2,
+        "refusals replay nothing"
+    );
+}

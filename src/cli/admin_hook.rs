@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 use crate::admin::events::KafkaEventSink;
 use crate::admin::{self, AdminState, UrlRules};
 use crate::config::Config;
+use crate::replay::{KafkaReplayer, ReplayTarget};
 use crate::service::{Handles, ServiceError};
 use crate::ssrf::Policy;
 
@@ -90,7 +91,11 @@ pub(super) async fn serve(
     .with_url_rules(UrlRules {
         policy: Policy::with_allowed(config.http.allow_cidrs.iter().copied()),
         allow_http: config.http.dangerous_allow_http,
-    });
+    })
+    .with_replayer(Arc::new(KafkaReplayer {
+        target: ReplayTarget::of(config),
+        store: handles.store.clone(),
+    }));
     let shutdown = shutdown.clone();
     tasks.spawn(async move {
         if let Err(e) = admin::serve(listener, state, shutdown).await {

@@ -55,12 +55,7 @@ pub(super) fn run(args: &ReplayArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return super::serve::fail(e),
     };
-    let target = ReplayTarget {
-        bootstrap: config.kafka.bootstrap_servers.clone(),
-        client: config.kafka.client.clone(),
-        dlq: config.kafka.topics.dlq.clone(),
-        deliveries: config.kafka.topics.deliveries.clone(),
-    };
+    let target = ReplayTarget::of(&config);
     if config.store.kind == StoreKind::Memory {
         eprintln!(
             "warning: store.kind = \"memory\": the audit entry lives only in this process; \

@@ -930,20 +930,26 @@ async fn a_restart_mid_stream_loses_nothing(on: On) {
     p.stop().await;
 }
 
-/// A dead letter replayed by DLQ offset is delivered again with the same webhook-id and the
-/// replay id in a header, and the replay is audited.
-async fn a_dlq_range_replays_with_the_replay_header(on: On) {
-    let p = Pipeline::start(on, test_config(on)).await;
-    let healthy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let h = healthy.clone();
+/// A receiver that answers 404 (dead-lettered at once) until its flag is set, then 200.
+async fn fixable_receiver() -> (Receiver, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let fixed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let f = fixed.clone();
     let r = Receiver::start(move |_| {
-        if h.load(std::sync::atomic::Ordering::SeqCst) {
+        if f.load(std::sync::atomic::Ordering::SeqCst) {
             Reply::status(200)
         } else {
             Reply::status(404)
         }
     })
     .await;
+    (r, fixed)
+}
+
+/// A dead letter replayed by DLQ offset is delivered again with the same webhook-id and the
+/// replay id in a header, and the replay is audited.
+async fn a_dlq_range_replays_with_the_replay_header(on: On) {
+    let p = Pipeline::start(on, test_config(on)).await;
+    let (r, healthy) = fixable_receiver().await;
     let (endpoint, secret) = p.endpoint("acme", &r.url("/"), &["*"]).await;
     p.post(&[("evt_replay", "acme", "t", json!({"again": true}))])
         .await;
@@ -1345,6 +1351,124 @@ macro_rules! on_both {
     };
 }
 
+/// A tenant replays its dead delivery through the admin API, as a customer's dashboard would:
+/// hookline finds its dead letter among others in the DLQ and sends it again, with the same
+/// webhook-id and the replay id in a header; the attempt log then shows it succeeded, the replay
+/// is audited under the tenant's token, and asking again is refused (it is no longer dead).
+async fn a_dead_delivery_replays_through_the_admin_api(on: On) {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    let p = Pipeline::start(on, test_config(on)).await;
+    let (r, healthy) = fixable_receiver().await;
+    let (endpoint, secret) = p.endpoint("acme", &r.url("/"), &["*"]).await;
+    let ids = ["evt_before", "evt_api_replay", "evt_after"];
+    let posts: Vec<_> = ids.iter().map(|id| (*id, "acme", "t", json!({}))).collect();
+    p.post(&posts).await;
+    let dlq = p.read(&p.config.kafka.topics.dlq, 3, WAIT).await;
+    let wanted = EventId::parse("evt_api_replay").unwrap();
+    let delivery = hookline::id::DeliveryId::derive(&wanted, &endpoint);
+    let at = dlq
+        .iter()
+        .find(|m| dead_record(m).delivery_id == delivery)
+        .map(|m| (m.partition(), m.offset()))
+        .expect("the delivery's dead letter");
+    healthy.store(true, std::sync::atomic::Ordering::SeqCst);
+
+    const TOKEN: &str = "acme-replay-token-0123456789";
+    let auth = hookline::config::AdminConfig {
+        tenant_tokens: BTreeMap::from([(
+            hookline::config::Token::new(TOKEN),
+            Tenant::parse("acme").unwrap(),
+        )]),
+        ..hookline::config::AdminConfig::default()
+    };
+    let (_ready_tx, ready) = tokio::sync::watch::channel(true);
+    let api = hookline::admin::router(
+        hookline::admin::AdminState::new(
+            p.handles.endpoints.clone(),
+            p.handles.store.clone(),
+            std::sync::Arc::new(hookline::admin::events::MemoryEventSink::default()),
+            auth,
+            ready,
+        )
+        .with_replayer(std::sync::Arc::new(hookline::replay::KafkaReplayer {
+            target: hookline::replay::ReplayTarget::of(&p.config),
+            store: p.handles.store.clone(),
+        })),
+    );
+    let replay = || async {
+        let request = axum::http::Request::post(format!("/v1/deliveries/{delivery}/replay"))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(
+                r#"{"actor":"alice@acme.example","reason":"receiver fixed"}"#,
+            ))
+            .unwrap();
+        let response = api.clone().oneshot(request).await.expect("router answers");
+        let status = response.status().as_u16();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap(),
+        )
+    };
+    let (status, answer) = replay().await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(
+        (
+            answer["dlq_partition"].as_i64(),
+            answer["dlq_offset"].as_i64()
+        ),
+        (Some(i64::from(at.0)), Some(at.1)),
+        "{answer}"
+    );
+    let replay_id = answer["replay_id"].as_str().unwrap().to_owned();
+    let got = r.wait_for(4, WAIT).await;
+    let again: Vec<_> = got
+        .iter()
+        .filter(|g| g.header("hookline-replay-id").is_some())
+        .collect();
+    assert_eq!(again.len(), 1, "only that delivery is replayed");
+    assert_eq!(verify(again[0], &secret), "evt_api_replay");
+    assert_eq!(
+        again[0].header("hookline-replay-id"),
+        Some(replay_id.as_str())
+    );
+    eventually(
+        "the replayed delivery's state",
+        || {
+            let store = p.handles.store.clone();
+            let id = delivery.clone();
+            futures::executor::block_on(async move { store.delivery(&id).await })
+                .unwrap()
+                .map(|d| d.status)
+        },
+        |s| *s == Some(hookline::storage::DeliveryStatus::Succeeded),
+    )
+    .await;
+    let audits = p.handles.store.replays(10).await.unwrap();
+    let audit = audits
+        .iter()
+        .find(|a| a.replay_id == replay_id)
+        .expect("audited");
+    assert_eq!(
+        (audit.actor.as_str(), audit.reason.as_str(), audit.count),
+        (
+            "alice@acme.example (with tenant acme's API token)",
+            "receiver fixed",
+            1
+        )
+    );
+    let (status, answer) = replay().await;
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["detail"].as_str().unwrap().contains("is succeeded"),
+        "{answer}"
+    );
+    p.stop().await;
+}
+
 on_both!(
     every_event_reaches_every_endpoint,
     tenants_are_isolated_and_wildcards_match,
@@ -1366,4 +1490,5 @@ on_both!(
     an_undecodable_delivery_record_goes_to_the_invalid_topic,
     a_restart_mid_stream_loses_nothing,
     a_dlq_range_replays_with_the_replay_header,
+    a_dead_delivery_replays_through_the_admin_api,
 );
