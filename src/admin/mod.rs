@@ -34,6 +34,7 @@ pub mod endpoints;
 pub mod error;
 pub mod events;
 pub mod health;
+pub mod replays;
 
 #[cfg(test)]
 mod tests;
@@ -209,6 +210,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/events/{id}/deliveries", get(deliveries::by_event))
         .route("/v1/deliveries/{id}", get(deliveries::get))
         .route("/v1/deliveries/{id}/replay", post(deliveries::replay))
+        .route("/v1/replays", get(replays::list))
         // route_layer: only matched routes authenticate, so an unknown path is a plain 404;
         // and the token is checked before any body is read.
         .route_layer(middleware::from_fn_with_state(

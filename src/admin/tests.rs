@@ -1951,3 +1951,53 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
         "refusals replay nothing"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn operators_read_the_replay_audit_trail_newest_first() {
+    let f = fixture();
+    for (i, actor) in ["oncall", "alice (with tenant acme's API token)"]
+        .iter()
+        .enumerate()
+    {
+        f.store
+            .record_replay(&crate::storage::ReplayAudit {
+                replay_id: format!("rpl_{i}"),
+                actor: (*actor).to_owned(),
+                reason: "receiver fixed".into(),
+                at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + i as u64),
+                scope: "hookline.dlq partition 2 offsets 41..=41".into(),
+                count: 1,
+                dry_run: i == 0,
+            })
+            .await
+            .unwrap();
+    }
+    let a = call(&f.app, Method::GET, "/v1/replays", OP, None).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+    assert_eq!(
+        a.json["data"][0],
+        json!({"replay_id": "rpl_1", "actor": "alice (with tenant acme's API token)",
+               "reason": "receiver fixed", "at": "2027-01-15T08:00:01.000Z",
+               "scope": "hookline.dlq partition 2 offsets 41..=41", "count": 1,
+               "dry_run": false})
+    );
+    assert_eq!(a.json["data"][1]["replay_id"], "rpl_0");
+    assert_eq!(a.json["data"][1]["dry_run"], true);
+    let one = call(&f.app, Method::GET, "/v1/replays?limit=1", OP, None).await;
+    assert_eq!(
+        one.json["data"].as_array().unwrap().len(),
+        1,
+        "{}",
+        one.text
+    );
+    let a = call(&f.app, Method::GET, "/v1/replays", ACME, None).await;
+    assert_error(&a, StatusCode::FORBIDDEN, "forbidden", "operator tokens");
+    for (q, needle) in [
+        ("limit=0", "limit:"),
+        ("limit=1001", "limit:"),
+        ("since=x", "since"),
+    ] {
+        let a = call(&f.app, Method::GET, &format!("/v1/replays?{q}"), OP, None).await;
+        assert_error(&a, StatusCode::UNPROCESSABLE_ENTITY, "invalid", needle);
+    }
+}
