@@ -72,6 +72,9 @@ pub mod name {
     /// `client_cert`) and `outcome` (`used`, or `refused`: unusable, the files read before
     /// stay in use).
     pub const STORE_TLS_REREADS: &str = "hookline_store_tls_rereads_total";
+    /// 1 while the CQL store's TLS `file` (`ca`, `client_cert`) changed into something unusable
+    /// and the files read before are still in use; 0 otherwise.
+    pub const STORE_TLS_REFUSED: &str = "hookline_store_tls_files_refused";
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -279,6 +282,10 @@ fn describe() {
         STORE_TLS_REREADS,
         "CQL TLS files read again after a change, by file and outcome (refused: the files \
          read before stay in use)."
+    );
+    describe_gauge!(
+        STORE_TLS_REFUSED,
+        "1 while a CQL TLS file changed into something unusable and the one read before is in use."
     );
     describe_histogram!(
         RUNTIME_BUSY,
@@ -610,6 +617,12 @@ pub fn cql_tls_watched(file: CqlTlsFile) {
         counter!(name::STORE_TLS_REREADS, "file" => file.as_str(), "outcome" => outcome)
             .increment(0);
     }
+}
+
+/// Whether the CQL store's `file` on disk is refused (the files read before are in use).
+pub fn cql_tls_refused(file: CqlTlsFile, refused: bool) {
+    let label = file.as_str();
+    gauge!(name::STORE_TLS_REFUSED, "file" => label).set(if refused { 1.0 } else { 0.0 });
 }
 
 /// The CQL store's `file` changed and was read again: `used`, or refused as unusable.

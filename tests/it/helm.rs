@@ -773,12 +773,14 @@ fn series<'a>(name: &str, labels: impl Iterator<Item = (&'a str, &'a str)>) -> S
     format!("{name}{{{}}}", labels.join(", "))
 }
 
-/// promtool unit tests of six alerts on the series hookline exports (at the defaults'
+/// promtool unit tests of seven alerts on the series hookline exports (at the defaults'
 /// thresholds and `for:` durations), one sample a minute.
 fn rule_tests(rules: &str, targets: &[Target]) -> Value {
     use hookline::retry_policy::DeadReason;
     use hookline::telemetry::ParkReason;
-    use hookline::telemetry::name::{BREAKERS_OPEN, DEAD_LETTERS, PARKED, RUNTIME_LAG};
+    use hookline::telemetry::name::{
+        BREAKERS_OPEN, DEAD_LETTERS, PARKED, RUNTIME_LAG, STORE_TLS_REFUSED,
+    };
     let deliver = format!("{}-deliver", fullname());
     let pod = |i: u32| format!("{deliver}-{i}");
     let dead = |ns: &str, reason: DeadReason| {
@@ -812,6 +814,12 @@ fn rule_tests(rules: &str, targets: &[Target]) -> Value {
         let bucket = format!("{RUNTIME_LAG}_bucket");
         let labels = [("namespace", NAMESPACE), ("pod", &pod(i)), ("le", le)];
         json!({"series": series(&bucket, labels.into_iter()), "values": format!("0+{per_minute}x40")})
+    };
+    let tls_refused = |i: u32, file: &str| {
+        hookline_series(
+            STORE_TLS_REFUSED,
+            &[("namespace", NAMESPACE), ("pod", &pod(i)), ("file", file)],
+        )
     };
     // Deliver pods stop answering scrapes after 10 minutes; the other roles stay up.
     let up: Vec<Value> = targets
@@ -913,6 +921,25 @@ fn rule_tests(rules: &str, targets: &[Target]) -> Value {
                         "eval_time": "30m",
                         "alertname": "HooklineRuntimeStarved",
                         "exp_alerts": [{"exp_labels": {"severity": "warning", "pod": pod(0)}}],
+                    },
+                ],
+            },
+            {
+                "name": "store TLS: one pod's rotated client certificate cannot be used",
+                "interval": "1m",
+                "input_series": [
+                    {"series": tls_refused(0, "client_cert"), "values": "0x3 1x40"},
+                    {"series": tls_refused(0, "ca"), "values": "0x40"},
+                    {"series": tls_refused(1, "client_cert"), "values": "0x40"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "5m", "alertname": "HooklineStoreTlsFilesRefused", "exp_alerts": []},
+                    {
+                        "eval_time": "15m",
+                        "alertname": "HooklineStoreTlsFilesRefused",
+                        "exp_alerts": [{"exp_labels": {
+                            "severity": "warning", "pod": pod(0), "file": "client_cert",
+                        }}],
                     },
                 ],
             },
@@ -1138,6 +1165,7 @@ config: |
         "HooklineDeadLetters",
         "HooklineAttemptLogWritesSlow",
         "HooklineAttemptLogWriteErrors",
+        "HooklineStoreTlsFilesRefused",
         "HooklineProduceFailing",
         "HooklineConsumerErrors",
         "HooklineManyBreakersOpen",

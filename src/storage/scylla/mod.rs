@@ -207,13 +207,20 @@ pub async fn connect_session(config: &ScyllaConfig) -> Result<Session, ScyllaErr
 
 /// The TLS settings `config` asks for (`None`: plain TCP), with its files read. Every connection
 /// a session opens (at start-up, and whenever the driver reconnects) uses them, and they read
-/// their files again when they change (a rotated CA or client certificate).
+/// their files again when they change (a rotated CA or client certificate); a task checks the
+/// files every minute too, so a rotation that cannot be used is reported at once. Call it
+/// within the tokio runtime.
 pub fn tls_context(
     config: &ScyllaConfig,
 ) -> Result<Option<Arc<rustls::ClientConfig>>, ScyllaError> {
     config.validate()?;
     Ok(match &config.tls {
-        Some(tls) => Some(Arc::new(tls::client_config(tls)?)),
+        Some(tls) => {
+            let (tls, watch) = tls::client_config(tls)?;
+            // Ends once every session using these settings is gone.
+            tokio::spawn(watch.run(tls::WATCH_EVERY));
+            Some(Arc::new(tls))
+        }
         None => None,
     })
 }

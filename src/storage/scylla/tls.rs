@@ -15,7 +15,7 @@
 //! change.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -32,9 +32,10 @@ use crate::telemetry;
 /// The rustls client settings for `tls`: its CAs (or Mozilla's), TLS 1.2 and 1.3, and the
 /// name check it asks for. Reads the files it names; their errors name the key. The files are
 /// read again when they change (see the module's documentation).
-pub fn client_config(tls: &CqlTls) -> Result<rustls::ClientConfig, ConfigError> {
+pub fn client_config(tls: &CqlTls) -> Result<(rustls::ClientConfig, Watch), ConfigError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = NodeVerifier::new(tls, provider.clone())?;
+    let mut watch = Watch(vec![Arc::downgrade(&verifier.roots) as Weak<dyn Refresh>]);
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid("tls", format!("cannot be set up: {e}")))?
@@ -44,9 +45,12 @@ pub fn client_config(tls: &CqlTls) -> Result<rustls::ClientConfig, ConfigError> 
         (Some(cert), Some(key)) => {
             let (cert, key) = (cert.clone(), key.clone());
             let files = vec![cert.clone(), key.clone()];
-            let own = Reloading::new(telemetry::CqlTlsFile::ClientCert, files, move || {
-                certified_key(&cert, &key, &provider)
-            })?;
+            let own = Arc::new(Reloading::new(
+                telemetry::CqlTlsFile::ClientCert,
+                files,
+                move || certified_key(&cert, &key, &provider),
+            )?);
+            watch.0.push(Arc::downgrade(&own) as Weak<dyn Refresh>);
             builder.with_client_cert_resolver(Arc::new(OwnCertificate(own)))
         }
         _ => builder.with_no_client_auth(),
@@ -55,7 +59,48 @@ pub fn client_config(tls: &CqlTls) -> Result<rustls::ClientConfig, ConfigError> 
     // could go on under the CA and certificate of before. The driver holds a few long-lived
     // connections per node: a full handshake each time costs nothing that matters.
     config.resumption = rustls::client::Resumption::disabled();
-    Ok(config)
+    Ok((config, watch))
+}
+
+/// How often [`Watch::run`] looks at the files between connections.
+pub const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The files behind one TLS setup, for [`Watch::run`].
+pub struct Watch(Vec<Weak<dyn Refresh>>);
+
+impl Watch {
+    /// Reads the files again whenever they changed, every `every`, until the TLS settings are
+    /// dropped: a rotation that cannot be used shows in `hookline_store_tls_files_refused` (and
+    /// its alert) when it happens, not at the next connection, which may come weeks later, as
+    /// the old certificate expires.
+    pub async fn run(self, every: std::time::Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let mut alive = false;
+            for w in &self.0 {
+                if let Some(r) = w.upgrade() {
+                    r.refresh();
+                    alive = true;
+                }
+            }
+            if !alive {
+                return;
+            }
+        }
+    }
+}
+
+/// Something read from files that [`Watch`] can have read again.
+trait Refresh: Send + Sync {
+    fn refresh(&self);
+}
+
+impl<T: Send + Sync> Refresh for Reloading<T> {
+    fn refresh(&self) {
+        self.current();
+    }
 }
 
 /// hookline's certificate and key from `cert` and `key`, checked to belong together.
@@ -119,6 +164,7 @@ impl<T> Reloading<T> {
         let value = Arc::new(read()?);
         if !files.is_empty() {
             telemetry::cql_tls_watched(what);
+            telemetry::cql_tls_refused(what, false);
         }
         Ok(Reloading {
             what,
@@ -138,10 +184,12 @@ impl<T> Reloading<T> {
                 Ok(value) => {
                     state.1 = Arc::new(value);
                     telemetry::cql_tls_reread(self.what, true);
+                    telemetry::cql_tls_refused(self.what, false);
                     tracing::info!(files = ?self.files, "CQL TLS files changed; read again");
                 }
                 Err(e) => {
                     telemetry::cql_tls_reread(self.what, false);
+                    telemetry::cql_tls_refused(self.what, true);
                     tracing::warn!(
                         error = %e,
                         "CQL TLS files changed but cannot be used; keeping the ones read before"
@@ -163,7 +211,7 @@ impl<T> std::fmt::Debug for Reloading<T> {
 
 /// hookline's own certificate, as its files hold it now.
 #[derive(Debug)]
-struct OwnCertificate(Reloading<CertifiedKey>);
+struct OwnCertificate(Arc<Reloading<CertifiedKey>>);
 
 impl ResolvesClientCert for OwnCertificate {
     fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
@@ -233,7 +281,7 @@ fn webpki(
 /// node's IP address).
 #[derive(Debug)]
 struct NodeVerifier {
-    roots: Reloading<Arc<WebPkiServerVerifier>>,
+    roots: Arc<Reloading<Arc<WebPkiServerVerifier>>>,
     name: Option<ServerName<'static>>,
     provider: Arc<CryptoProvider>,
 }
@@ -257,7 +305,7 @@ impl NodeVerifier {
             })?,
         };
         Ok(NodeVerifier {
-            roots,
+            roots: Arc::new(roots),
             name,
             provider,
         })
@@ -368,6 +416,10 @@ mod tests {
         std::fs::write(&path, "ten").unwrap();
         assert_eq!(*r.current(), "ten", "rewritten in place, same length");
         let text = counted.render();
+        assert!(
+            text.contains("hookline_store_tls_files_refused{file=\"ca\"} 0\n"),
+            "the files in use are the ones on disk: {text}"
+        );
         for (outcome, n) in [("used", 3), ("refused", 2)] {
             let series = format!(
                 "hookline_store_tls_rereads_total{{file=\"ca\",outcome=\"{outcome}\"}} {n}\n"
@@ -402,5 +454,46 @@ mod tests {
             assert_eq!(*r.current(), "one");
         }
         assert_eq!(reads.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn the_watch_reports_an_unusable_rotation_without_a_connection_and_ends_with_it() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let counted = recorder.handle();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("client.pem");
+        rotate(&path, "one");
+        let r = Arc::new(
+            Reloading::new(
+                telemetry::CqlTlsFile::ClientCert,
+                vec![path.clone()],
+                reader(path.clone()),
+            )
+            .unwrap(),
+        );
+        let watch = Watch(vec![Arc::downgrade(&r) as Weak<dyn Refresh>]);
+        // On this thread: the local recorder counts what the watch reports.
+        let watching = tokio::spawn(watch.run(std::time::Duration::from_millis(10)));
+        let refused =
+            |v: u8| format!("hookline_store_tls_files_refused{{file=\"client_cert\"}} {v}\n");
+        assert!(counted.render().contains(&refused(0)));
+        rotate(&path, "bad");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !counted.render().contains(&refused(1)) {
+            assert!(std::time::Instant::now() < deadline, "{}", counted.render());
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(*r.current(), "one", "the last good value stays in use");
+        rotate(&path, "two");
+        while !counted.render().contains(&refused(0)) {
+            assert!(std::time::Instant::now() < deadline, "{}", counted.render());
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        drop(r);
+        tokio::time::timeout(std::time::Duration::from_secs(5), watching)
+            .await
+            .expect("the watch ends once its TLS settings are dropped")
+            .unwrap();
     }
 }
