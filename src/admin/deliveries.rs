@@ -13,7 +13,6 @@
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use crate::id::{DeliveryId, EndpointId, EventId};
@@ -21,7 +20,7 @@ use crate::storage::{AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, 
 
 use super::AdminState;
 use super::auth::Caller;
-use super::body::{ApiQuery, OptionalJson};
+use super::body::ApiQuery;
 use super::endpoints::{limit, path, short, time};
 use super::error::ApiError;
 
@@ -154,7 +153,7 @@ pub struct DeliveryList {
 
 /// The delivery `raw` names, if the caller may see it; else 404, the same for a malformed id,
 /// an unknown one and another tenant's.
-async fn visible(
+pub(super) async fn visible(
     state: &AdminState,
     caller: &Caller,
     raw: &str,
@@ -183,120 +182,6 @@ pub async fn get(
         delivery: DeliveryBody::of(&delivery),
         attempts: attempts.iter().map(AttemptBody::of).collect(),
     }))
-}
-
-/// Longest `actor` or `reason` of a replay.
-pub const MAX_REPLAY_TEXT: usize = 500;
-
-/// `POST /v1/deliveries/{id}/replay` body; both fields may be left out, and so may the body.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReplayParams {
-    /// Who asks (a dashboard's user, say); the audit entry records it with the token's kind.
-    pub actor: Option<String>,
-    /// Why; recorded in the audit entry.
-    pub reason: Option<String>,
-}
-
-/// `POST /v1/deliveries/{id}/replay` answer (202).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Replayed {
-    /// The replay's id, sent to the receiver as `hookline-replay-id`.
-    pub replay_id: String,
-    /// The delivery replayed.
-    pub delivery_id: String,
-    /// Where its dead letter was in the DLQ topic.
-    pub dlq_partition: i32,
-    /// Its offset there.
-    pub dlq_offset: i64,
-}
-
-/// `POST /v1/deliveries/{id}/replay`: sends a dead-lettered delivery again, with a fresh retry
-/// window and the same `webhook-id`, through the same lanes and limits as any delivery. Its
-/// DLQ record is republished as `hookline replay` does, with an audit entry. 409 when the
-/// delivery is not dead or its endpoint cannot take it (deleted, disabled), 410 when its dead
-/// letter is past the DLQ's retention, 503 when Kafka does not answer in time.
-pub async fn replay(
-    State(state): State<AdminState>,
-    caller: Caller,
-    id: Result<Path<String>, PathRejection>,
-    OptionalJson(req): OptionalJson<ReplayParams>,
-) -> Result<(StatusCode, Json<Replayed>), ApiError> {
-    let raw = path(id)?;
-    let text = |field: &str, value: Option<String>| -> Result<Option<String>, ApiError> {
-        match value {
-            Some(v) if v.trim().is_empty() => {
-                Err(ApiError::invalid(field, "must not be blank when given"))
-            }
-            Some(v) if v.chars().count() > MAX_REPLAY_TEXT => Err(ApiError::invalid(
-                field,
-                format!("is longer than {MAX_REPLAY_TEXT} characters"),
-            )),
-            Some(v) if v.chars().any(char::is_control) => Err(ApiError::invalid(
-                field,
-                "must not contain control characters",
-            )),
-            v => Ok(v),
-        }
-    };
-    let actor = text("actor", req.actor)?;
-    let reason = text("reason", req.reason)?;
-    let delivery = visible(&state, &caller, &raw).await?;
-    let id = &delivery.delivery_id;
-    if delivery.status != DeliveryStatus::Dead {
-        return Err(ApiError::Conflict(format!(
-            "delivery {id} is {}: only a dead-lettered delivery can be replayed",
-            delivery.status.as_str()
-        )));
-    }
-    let endpoint = &delivery.endpoint_id;
-    match state.endpoints.view().get(endpoint) {
-        None => {
-            return Err(ApiError::Conflict(format!(
-                "its endpoint {endpoint} was deleted: a replay would be dead-lettered again"
-            )));
-        }
-        Some(e) if !e.enabled => {
-            return Err(ApiError::Conflict(format!(
-                "its endpoint {endpoint} is disabled ({}): a replay would be dead-lettered \
-                 again; re-enable it first (PATCH /v1/endpoints/{endpoint} {{\"enabled\": true}})",
-                e.disabled_reason.as_deref().unwrap_or("no reason given")
-            )));
-        }
-        Some(_) => {}
-    }
-    let replayer = state
-        .replayer
-        .as_ref()
-        .ok_or_else(|| ApiError::Unavailable("replay is not available in this process".into()))?;
-    let token = match caller.tenant() {
-        Some(t) => format!("tenant {t}'s API token"),
-        None => "an operator's API token".to_owned(),
-    };
-    let actor = match actor {
-        Some(a) => format!("{a} (with {token})"),
-        None => format!("with {token}"),
-    };
-    let reason = reason.unwrap_or_else(|| "replayed through the admin API".into());
-    let done = replayer
-        .replay(&delivery, actor, reason)
-        .await
-        .map_err(|e| match e {
-            gone @ crate::replay::ReplayError::DeadLetterGone { .. } => {
-                ApiError::Gone(gone.to_string())
-            }
-            other => ApiError::Unavailable(other.to_string()),
-        })?;
-    tracing::info!(delivery = %id, replay_id = %done.replay_id, "delivery replayed");
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(Replayed {
-            replay_id: done.replay_id,
-            delivery_id: id.to_string(),
-            dlq_partition: done.from.partition,
-            dlq_offset: done.from.offset,
-        }),
-    ))
 }
 
 /// `GET /v1/endpoints/{id}/deliveries` query.

@@ -88,7 +88,7 @@ pub struct AdminState {
     /// `None` checks the URL's shape only.
     pub url_rules: Option<Arc<UrlRules>>,
     /// Replays dead deliveries (`POST /v1/deliveries/{id}/replay`); `None` answers 503.
-    pub replayer: Option<Arc<dyn crate::replay::DeliveryReplayer>>,
+    pub replayer: Option<Arc<dyn crate::replay::ApiReplayer>>,
     permits: Arc<Semaphore>,
 }
 
@@ -167,10 +167,7 @@ impl AdminState {
     }
 
     /// Replays dead deliveries with `replayer`.
-    pub fn with_replayer(
-        mut self,
-        replayer: Arc<dyn crate::replay::DeliveryReplayer>,
-    ) -> AdminState {
+    pub fn with_replayer(mut self, replayer: Arc<dyn crate::replay::ApiReplayer>) -> AdminState {
         self.replayer = Some(replayer);
         self
     }
@@ -209,7 +206,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/events", post(events::ingest))
         .route("/v1/events/{id}/deliveries", get(deliveries::by_event))
         .route("/v1/deliveries/{id}", get(deliveries::get))
-        .route("/v1/deliveries/{id}/replay", post(deliveries::replay))
+        .route("/v1/deliveries/{id}/replay", post(replays::replay_delivery))
+        .route("/v1/endpoints/{id}/replay", post(replays::replay_endpoint))
         .route("/v1/replays", get(replays::list))
         // route_layer: only matched routes authenticate, so an unknown path is a plain 404;
         // and the token is checked before any body is read.

@@ -1,17 +1,30 @@
-//! The replay audit trail: who replayed what, why, when and how many, newest first. Replays are
-//! started by `hookline replay` (by DLQ offsets) and `POST /v1/deliveries/{id}/replay`; the
-//! trail is for operators, since an entry may cover many tenants' deliveries.
+//! Replays through the API and their audit trail.
+//!
+//! A tenant (or an operator) sends again one dead delivery (`POST /v1/deliveries/{id}/replay`)
+//! or every dead delivery of one endpoint within a time range (`POST
+//! /v1/endpoints/{id}/replay`), as a customer's dashboard would once the receiver is fixed.
+//! hookline finds their records in the DLQ and republishes them as `hookline replay` does:
+//! same `webhook-id`, a fresh retry window, the replay id in `hookline-replay-id`, one audit
+//! entry per request. `GET /v1/replays` lists the audit trail (who replayed what, why, when and
+//! how many, newest first), for operators only, since one `hookline replay` may cover many
+//! tenants' deliveries.
+
+use std::time::SystemTime;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
-use crate::storage::ReplayAudit;
+use crate::id::EndpointId;
+use crate::replay::{ApiReplayer, EndpointReplayRequest, ReplayError};
+use crate::storage::{DeliveryStatus, ReplayAudit};
 
 use super::AdminState;
 use super::auth::Caller;
-use super::body::ApiQuery;
-use super::endpoints::{limit, time};
+use super::body::{ApiJson, ApiQuery, OptionalJson};
+use super::endpoints::{limit, path, time};
 use super::error::ApiError;
 
 /// Default number of entries.
@@ -92,4 +105,232 @@ pub async fn list(
     Ok(Json(ReplayList {
         data: audits.iter().map(ReplayEntry::of).collect(),
     }))
+}
+
+/// Longest `actor` or `reason` of a replay.
+pub const MAX_REPLAY_TEXT: usize = 500;
+
+/// `POST /v1/deliveries/{id}/replay` body; both fields may be left out, and so may the body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayParams {
+    /// Who asks (a dashboard's user, say); the audit entry records it with the token's kind.
+    pub actor: Option<String>,
+    /// Why; recorded in the audit entry.
+    pub reason: Option<String>,
+}
+
+/// The audit entry's actor and reason from a request's `actor` and `reason`, each checked
+/// when given: the actor is recorded with the kind of token that asked.
+fn who_and_why(
+    caller: &Caller,
+    actor: Option<String>,
+    reason: Option<String>,
+) -> Result<(String, String), ApiError> {
+    let text = |field: &str, value: Option<String>| -> Result<Option<String>, ApiError> {
+        match value {
+            Some(v) if v.trim().is_empty() => {
+                Err(ApiError::invalid(field, "must not be blank when given"))
+            }
+            Some(v) if v.chars().count() > MAX_REPLAY_TEXT => Err(ApiError::invalid(
+                field,
+                format!("is longer than {MAX_REPLAY_TEXT} characters"),
+            )),
+            Some(v) if v.chars().any(char::is_control) => Err(ApiError::invalid(
+                field,
+                "must not contain control characters",
+            )),
+            v => Ok(v),
+        }
+    };
+    let actor = text("actor", actor)?;
+    let reason = text("reason", reason)?;
+    let token = match caller.tenant() {
+        Some(t) => format!("tenant {t}'s API token"),
+        None => "an operator's API token".to_owned(),
+    };
+    let actor = match actor {
+        Some(a) => format!("{a} (with {token})"),
+        None => format!("with {token}"),
+    };
+    let reason = reason.unwrap_or_else(|| "replayed through the admin API".into());
+    Ok((actor, reason))
+}
+
+/// 409 unless `endpoint` would take a replay: deleted or disabled, it would be dead-lettered
+/// again.
+fn takes_replays(state: &AdminState, endpoint: &EndpointId) -> Result<(), ApiError> {
+    match state.endpoints.view().get(endpoint) {
+        None => Err(ApiError::Conflict(format!(
+            "endpoint {endpoint} was deleted: a replay would be dead-lettered again"
+        ))),
+        Some(e) if !e.enabled => Err(ApiError::Conflict(format!(
+            "endpoint {endpoint} is disabled ({}): a replay would be dead-lettered again; \
+             re-enable it first (PATCH /v1/endpoints/{endpoint} {{\"enabled\": true}})",
+            e.disabled_reason.as_deref().unwrap_or("no reason given")
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The process's replayer, or 503.
+fn replayer(state: &AdminState) -> Result<&dyn ApiReplayer, ApiError> {
+    state
+        .replayer
+        .as_deref()
+        .ok_or_else(|| ApiError::Unavailable("replay is not available in this process".into()))
+}
+
+/// A failed replay as the API answers it: 410 for a dead letter past the DLQ's retention, 503
+/// for everything else (Kafka slow or away, the audit entry not written), with what happened.
+fn replay_failed(e: ReplayError) -> ApiError {
+    match e {
+        gone @ ReplayError::DeadLetterGone { .. } => ApiError::Gone(gone.to_string()),
+        other => ApiError::Unavailable(other.to_string()),
+    }
+}
+
+/// `POST /v1/deliveries/{id}/replay` answer (202).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replayed {
+    /// The replay's id, sent to the receiver as `hookline-replay-id`.
+    pub replay_id: String,
+    /// The delivery replayed.
+    pub delivery_id: String,
+    /// Where its dead letter was in the DLQ topic.
+    pub dlq_partition: i32,
+    /// Its offset there.
+    pub dlq_offset: i64,
+}
+
+/// `POST /v1/deliveries/{id}/replay`: sends a dead-lettered delivery again, with a fresh retry
+/// window and the same `webhook-id`, through the same lanes and limits as any delivery. Its
+/// DLQ record is republished as `hookline replay` does, with an audit entry. 409 when the
+/// delivery is not dead or its endpoint cannot take it (deleted, disabled), 410 when its dead
+/// letter is past the DLQ's retention, 503 when Kafka does not answer in time.
+pub async fn replay_delivery(
+    State(state): State<AdminState>,
+    caller: Caller,
+    id: Result<Path<String>, PathRejection>,
+    OptionalJson(req): OptionalJson<ReplayParams>,
+) -> Result<(StatusCode, Json<Replayed>), ApiError> {
+    let raw = path(id)?;
+    let (actor, reason) = who_and_why(&caller, req.actor, req.reason)?;
+    let delivery = super::deliveries::visible(&state, &caller, &raw).await?;
+    let id = &delivery.delivery_id;
+    if delivery.status != DeliveryStatus::Dead {
+        return Err(ApiError::Conflict(format!(
+            "delivery {id} is {}: only a dead-lettered delivery can be replayed",
+            delivery.status.as_str()
+        )));
+    }
+    takes_replays(&state, &delivery.endpoint_id)?;
+    let done = replayer(&state)?
+        .replay(&delivery, actor, reason)
+        .await
+        .map_err(replay_failed)?;
+    tracing::info!(delivery = %id, replay_id = %done.replay_id, "delivery replayed");
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Replayed {
+            replay_id: done.replay_id,
+            delivery_id: id.to_string(),
+            dlq_partition: done.from.partition,
+            dlq_offset: done.from.offset,
+        }),
+    ))
+}
+
+/// `POST /v1/endpoints/{id}/replay` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointReplayParams {
+    /// RFC 3339: dead letters written at or after it.
+    pub since: String,
+    /// RFC 3339: and at or before it; now when left out.
+    pub until: Option<String>,
+    /// As for one delivery.
+    pub actor: Option<String>,
+    /// As for one delivery.
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/endpoints/{id}/replay` answer (202).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointReplayed {
+    /// The replay's id, sent to the receiver as `hookline-replay-id`.
+    pub replay_id: String,
+    /// The endpoint.
+    pub endpoint_id: String,
+    /// Deliveries sent again.
+    pub replayed: u64,
+    /// Dead letters in range whose delivery is no longer dead (delivered or being retried
+    /// since), left alone.
+    pub skipped: u64,
+    /// Whether the whole range was covered.
+    pub complete: bool,
+    /// When not: ask again with this as `since` to cover the rest.
+    pub resume_since: Option<String>,
+    /// When not: why it stopped short.
+    pub detail: Option<String>,
+}
+
+/// `POST /v1/endpoints/{id}/replay`: sends again every dead delivery of an endpoint whose dead
+/// letter was written within `since..=until` and that is still dead, as a customer does after
+/// fixing a receiver that was down. Each is sent once, with the same `webhook-id` and one replay
+/// id. One request reads the DLQ for at most 15 s; a range it could not cover answers
+/// `complete: false` with the `resume_since` to ask again with. 404 for an endpoint the caller
+/// does not see, 409 for one disabled, 503 when Kafka does not answer.
+pub async fn replay_endpoint(
+    State(state): State<AdminState>,
+    caller: Caller,
+    id: Result<Path<String>, PathRejection>,
+    ApiJson(req): ApiJson<EndpointReplayParams>,
+) -> Result<(StatusCode, Json<EndpointReplayed>), ApiError> {
+    let raw = path(id)?;
+    let now = SystemTime::now();
+    let at = |field: &str, s: &str| {
+        super::events::parse_time(s).ok_or_else(|| {
+            ApiError::invalid(field, "must be an RFC 3339 time, e.g. 2026-03-01T12:00:00Z")
+        })
+    };
+    let since = at("since", &req.since)?;
+    let until = match &req.until {
+        Some(u) => at("until", u)?,
+        None => now,
+    };
+    if since > now {
+        return Err(ApiError::invalid("since", "is in the future"));
+    }
+    if until < since {
+        return Err(ApiError::invalid("until", "is before since"));
+    }
+    let (actor, reason) = who_and_why(&caller, req.actor, req.reason)?;
+    let endpoint = super::endpoints::visible(&state, &caller, &raw)?;
+    takes_replays(&state, &endpoint.id)?;
+    let request = EndpointReplayRequest {
+        endpoint: endpoint.id.clone(),
+        since,
+        until,
+        actor,
+        reason,
+    };
+    let done = replayer(&state)?
+        .replay_endpoint(&request)
+        .await
+        .map_err(replay_failed)?;
+    tracing::info!(endpoint = %endpoint.id, replay_id = %done.replay_id,
+        replayed = done.replayed, complete = done.resume_since.is_none(), "endpoint replayed");
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(EndpointReplayed {
+            replay_id: done.replay_id,
+            endpoint_id: endpoint.id.to_string(),
+            replayed: done.replayed,
+            skipped: done.skipped,
+            complete: done.resume_since.is_none(),
+            resume_since: done.resume_since.map(time),
+            detail: done.stopped,
+        }),
+    ))
 }

@@ -1789,15 +1789,29 @@ async fn a_burst_of_connections_waits_in_the_listen_queue_not_for_retransmission
     drop(listener);
 }
 
+/// Disables tenant acme's endpoint `ep` through the API.
+async fn disable(app: &Router, ep: &str) {
+    let p = call(
+        app,
+        Method::PATCH,
+        &format!("/v1/endpoints/{ep}"),
+        ACME,
+        Some(r#"{"enabled":false}"#),
+    )
+    .await;
+    assert_eq!(p.status, StatusCode::OK, "{}", p.text);
+}
+
 /// Replays as the admin API asks for them, answering as told.
 #[derive(Default)]
 struct FakeReplayer {
     asked: std::sync::Mutex<Vec<(String, String, String)>>,
+    endpoint_asks: std::sync::Mutex<Vec<crate::replay::EndpointReplayRequest>>,
     gone: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait]
-impl crate::replay::DeliveryReplayer for FakeReplayer {
+impl crate::replay::ApiReplayer for FakeReplayer {
     async fn replay(
         &self,
         delivery: &crate::storage::DeliveryState,
@@ -1820,6 +1834,23 @@ impl crate::replay::DeliveryReplayer for FakeReplayer {
                 partition: 2,
                 offset: 41,
             },
+        })
+    }
+
+    /// Covers what lies before 2025-10-09T08:53:25Z.
+    async fn replay_endpoint(
+        &self,
+        request: &crate::replay::EndpointReplayRequest,
+    ) -> Result<crate::replay::EndpointReplay, crate::replay::ReplayError> {
+        self.endpoint_asks.lock().unwrap().push(request.clone());
+        let cut = SystemTime::UNIX_EPOCH + Duration::from_secs(1_760_000_005);
+        let short = request.until > cut;
+        Ok(crate::replay::EndpointReplay {
+            replay_id: "rpl_range".into(),
+            replayed: 3,
+            skipped: 1,
+            resume_since: short.then_some(cut),
+            stopped: short.then(|| "read the DLQ for 15s".to_owned()),
         })
     }
 }
@@ -1923,15 +1954,7 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
     assert_error(&a, StatusCode::GONE, "gone", "retention");
     replayer.gone.store(false, Ordering::SeqCst);
     // An endpoint that would dead-letter it again is refused, saying what to do.
-    let p = call(
-        &app,
-        Method::PATCH,
-        &format!("/v1/endpoints/{ep}"),
-        ACME,
-        Some(r#"{"enabled":false}"#),
-    )
-    .await;
-    assert_eq!(p.status, StatusCode::OK, "{}", p.text);
+    disable(&app, &ep).await;
     let a = call(&app, Method::POST, &uri(&dead_id), ACME, None).await;
     assert_error(&a, StatusCode::CONFLICT, "conflict", "re-enable it first");
     let d = call(
@@ -2000,4 +2023,80 @@ async fn operators_read_the_replay_audit_trail_newest_first() {
         let a = call(&f.app, Method::GET, &format!("/v1/replays?{q}"), OP, None).await;
         assert_error(&a, StatusCode::UNPROCESSABLE_ENTITY, "invalid", needle);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_endpoints_dead_deliveries_replay_over_a_time_range() {
+    let f = fixture();
+    let ep = created_id(&f.app, ACME).await;
+    let replayer = Arc::new(FakeReplayer::default());
+    let app = router(f.state.clone().with_replayer(replayer.clone()));
+    let uri = format!("/v1/endpoints/{ep}/replay");
+    let body =
+        r#"{"since":"2025-10-09T08:53:20Z","until":"2025-10-09T08:53:24Z","reason":"outage over"}"#;
+    let a = call(&app, Method::POST, &uri, ACME, Some(body)).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.text);
+    assert_eq!(
+        a.json,
+        json!({"replay_id": "rpl_range", "endpoint_id": ep, "replayed": 3, "skipped": 1,
+               "complete": true, "resume_since": null, "detail": null})
+    );
+    {
+        let asked = replayer.endpoint_asks.lock().unwrap();
+        let r = &asked[0];
+        assert_eq!(r.endpoint.to_string(), ep);
+        assert_eq!(
+            (r.since, r.until),
+            (
+                SystemTime::UNIX_EPOCH + Duration::from_secs(1_760_000_000),
+                SystemTime::UNIX_EPOCH + Duration::from_secs(1_760_000_004)
+            )
+        );
+        assert_eq!(
+            (r.actor.as_str(), r.reason.as_str()),
+            ("with tenant acme's API token", "outage over")
+        );
+    }
+    // Until now by default; a range cut short says where to resume.
+    let a = call(
+        &app,
+        Method::POST,
+        &uri,
+        OP,
+        Some(r#"{"since":"2025-10-09T08:53:20Z"}"#),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.text);
+    assert_eq!(a.json["complete"], false);
+    assert_eq!(a.json["resume_since"], "2025-10-09T08:53:25.000Z");
+    assert_eq!(a.json["detail"], "read the DLQ for 15s");
+
+    for (body, field) in [
+        (r#"{}"#, "since"),
+        (r#"{"since":"yesterday"}"#, "since:"),
+        (
+            r#"{"since":"2099-01-01T00:00:00Z"}"#,
+            "since: is in the future",
+        ),
+        (
+            r#"{"since":"2025-10-09T08:53:20Z","until":"2025-10-08T08:53:20Z"}"#,
+            "until: is before since",
+        ),
+        (r#"{"since":"2025-10-09T08:53:20Z","actor":" "}"#, "actor:"),
+        (r#"{"since":"2025-10-09T08:53:20Z","from":1}"#, "from"),
+    ] {
+        let a = call(&app, Method::POST, &uri, ACME, Some(body)).await;
+        assert_error(&a, StatusCode::UNPROCESSABLE_ENTITY, "invalid", field);
+    }
+    let body = Some(r#"{"since":"2025-10-09T08:53:20Z"}"#);
+    let a = call(&app, Method::POST, &uri, GLOBEX, body).await;
+    assert_error(&a, StatusCode::NOT_FOUND, "not_found", "endpoint");
+    disable(&app, &ep).await;
+    let a = call(&app, Method::POST, &uri, ACME, body).await;
+    assert_error(&a, StatusCode::CONFLICT, "conflict", "re-enable it first");
+    assert_eq!(
+        replayer.endpoint_asks.lock().unwrap().len(),
+        2,
+        "refusals replay nothing"
+    );
 }

@@ -1351,40 +1351,156 @@ macro_rules! on_both {
     };
 }
 
-/// A tenant replays its dead delivery through the admin API, as a customer's dashboard would:
-/// hookline finds its dead letter among others in the DLQ and sends it again, with the same
-/// webhook-id and the replay id in a header; the attempt log then shows it succeeded, the replay
-/// is audited under the tenant's token, and asking again is refused (it is no longer dead).
-async fn a_dead_delivery_replays_through_the_admin_api(on: On) {
-    use http_body_util::BodyExt;
-    use tower::ServiceExt;
-
+/// A tenant replays its dead deliveries through the admin API, as a customer's dashboard
+/// would: first one by id (hookline finds its dead letter among others in the DLQ), then the
+/// rest of the endpoint's since the test began. Each is sent again once, with the same
+/// webhook-id and the replay id in a header; the one replayed by id, delivered since, is left
+/// alone by the range, and another endpoint's dead letter in the same DLQ is not touched. Both
+/// replays are audited under the tenant's token, and replaying a delivered one is refused.
+async fn dead_deliveries_replay_through_the_admin_api(on: On) {
     let p = Pipeline::start(on, test_config(on)).await;
-    let (r, healthy) = fixable_receiver().await;
-    let (endpoint, secret) = p.endpoint("acme", &r.url("/"), &["*"]).await;
-    let ids = ["evt_before", "evt_api_replay", "evt_after"];
-    let posts: Vec<_> = ids.iter().map(|id| (*id, "acme", "t", json!({}))).collect();
+    let began = SystemTime::now() - Duration::from_secs(1);
+    let (r, fixed) = fixable_receiver().await;
+    let other = Receiver::fixed(Reply::status(404)).await;
+    let (endpoint, secret) = p.endpoint("acme", &r.url("/"), &["t"]).await;
+    p.endpoint("acme", &other.url("/"), &["u"]).await;
+    let posts = [
+        ("evt_before", "acme", "t", json!({})),
+        ("evt_api_replay", "acme", "t", json!({})),
+        ("evt_other", "acme", "u", json!({})),
+        ("evt_after", "acme", "t", json!({})),
+    ];
     p.post(&posts).await;
-    let dlq = p.read(&p.config.kafka.topics.dlq, 3, WAIT).await;
-    let wanted = EventId::parse("evt_api_replay").unwrap();
-    let delivery = hookline::id::DeliveryId::derive(&wanted, &endpoint);
+    let dlq = p.read(&p.config.kafka.topics.dlq, 4, WAIT).await;
+    let delivery =
+        |event: &str| hookline::id::DeliveryId::derive(&EventId::parse(event).unwrap(), &endpoint);
+    let wanted = delivery("evt_api_replay");
     let at = dlq
         .iter()
-        .find(|m| dead_record(m).delivery_id == delivery)
+        .find(|m| dead_record(m).delivery_id == wanted)
         .map(|m| (m.partition(), m.offset()))
         .expect("the delivery's dead letter");
-    healthy.store(true, std::sync::atomic::Ordering::SeqCst);
+    // Every dead delivery's attempt is logged before its dead letter is written.
+    fixed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let api = tenant_admin_api(&p);
 
-    const TOKEN: &str = "acme-replay-token-0123456789";
+    let (status, answer) = api_post(
+        &api,
+        &format!("/v1/deliveries/{wanted}/replay"),
+        r#"{"actor":"alice@acme.example","reason":"receiver fixed"}"#,
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(
+        (
+            answer["dlq_partition"].as_i64(),
+            answer["dlq_offset"].as_i64()
+        ),
+        (Some(i64::from(at.0)), Some(at.1)),
+        "{answer}"
+    );
+    let one = answer["replay_id"].as_str().unwrap().to_owned();
+    let got = r.wait_for(4, WAIT).await;
+    assert_eq!(got[3].header("hookline-replay-id"), Some(one.as_str()));
+    assert_eq!(verify(&got[3], &secret), "evt_api_replay");
+    let store = p.handles.store.clone();
+    let state = |id: hookline::id::DeliveryId| {
+        let store = store.clone();
+        move || {
+            futures::executor::block_on(store.delivery(&id))
+                .unwrap()
+                .map(|d| d.status)
+        }
+    };
+    let succeeded = |s: &Option<hookline::storage::DeliveryStatus>| {
+        *s == Some(hookline::storage::DeliveryStatus::Succeeded)
+    };
+    eventually(
+        "the replayed delivery's state",
+        state(wanted.clone()),
+        succeeded,
+    )
+    .await;
+    let (status, answer) = api_post(&api, &format!("/v1/deliveries/{wanted}/replay"), "").await;
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["detail"].as_str().unwrap().contains("is succeeded"),
+        "{answer}"
+    );
+
+    let since = humantime::format_rfc3339_millis(began).to_string();
+    let (status, answer) = api_post(
+        &api,
+        &format!("/v1/endpoints/{endpoint}/replay"),
+        &json!({"since": since, "reason": "outage over"}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(
+        (
+            answer["replayed"].as_u64(),
+            answer["skipped"].as_u64(),
+            answer["complete"].as_bool()
+        ),
+        (Some(2), Some(1), Some(true)),
+        "{answer}"
+    );
+    let range = answer["replay_id"].as_str().unwrap().to_owned();
+    let got = r.wait_for(6, WAIT).await;
+    let mut again: Vec<String> = got[4..]
+        .iter()
+        .map(|g| {
+            assert_eq!(g.header("hookline-replay-id"), Some(range.as_str()));
+            verify(g, &secret)
+        })
+        .collect();
+    again.sort();
+    assert_eq!(again, ["evt_after", "evt_before"]);
+    for event in ["evt_before", "evt_after"] {
+        eventually(event, state(delivery(event)), succeeded).await;
+    }
+    assert_eq!(
+        other.requests().len(),
+        1,
+        "another endpoint's dead letter stays"
+    );
+    let audits = p.handles.store.replays(10).await.unwrap();
+    let audited = |id: &str| {
+        let a = audits.iter().find(|a| a.replay_id == id).expect("audited");
+        (a.actor.clone(), a.reason.clone(), a.count)
+    };
+    assert_eq!(
+        audited(&one),
+        (
+            "alice@acme.example (with tenant acme's API token)".into(),
+            "receiver fixed".into(),
+            1
+        )
+    );
+    assert_eq!(
+        audited(&range),
+        (
+            "with tenant acme's API token".into(),
+            "outage over".into(),
+            2
+        )
+    );
+    assert_eq!(r.requests().len(), 6, "nothing more was sent");
+    p.stop().await;
+}
+
+/// The admin API over the pipeline's own view and store, with one token for tenant `acme`,
+/// replaying on the pipeline's Kafka.
+fn tenant_admin_api(p: &Pipeline) -> axum::Router {
     let auth = hookline::config::AdminConfig {
         tenant_tokens: BTreeMap::from([(
-            hookline::config::Token::new(TOKEN),
+            hookline::config::Token::new(ACME_TOKEN),
             Tenant::parse("acme").unwrap(),
         )]),
         ..hookline::config::AdminConfig::default()
     };
     let (_ready_tx, ready) = tokio::sync::watch::channel(true);
-    let api = hookline::admin::router(
+    hookline::admin::router(
         hookline::admin::AdminState::new(
             p.handles.endpoints.clone(),
             p.handles.store.clone(),
@@ -1396,77 +1512,24 @@ async fn a_dead_delivery_replays_through_the_admin_api(on: On) {
             target: hookline::replay::ReplayTarget::of(&p.config),
             store: p.handles.store.clone(),
         })),
-    );
-    let replay = || async {
-        let request = axum::http::Request::post(format!("/v1/deliveries/{delivery}/replay"))
-            .header("authorization", format!("Bearer {TOKEN}"))
-            .header("content-type", "application/json")
-            .body(axum::body::Body::from(
-                r#"{"actor":"alice@acme.example","reason":"receiver fixed"}"#,
-            ))
-            .unwrap();
-        let response = api.clone().oneshot(request).await.expect("router answers");
-        let status = response.status().as_u16();
-        let bytes = response.into_body().collect().await.unwrap().to_bytes();
-        (
-            status,
-            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap(),
-        )
-    };
-    let (status, answer) = replay().await;
-    assert_eq!(status, 202, "{answer}");
-    assert_eq!(
-        (
-            answer["dlq_partition"].as_i64(),
-            answer["dlq_offset"].as_i64()
-        ),
-        (Some(i64::from(at.0)), Some(at.1)),
-        "{answer}"
-    );
-    let replay_id = answer["replay_id"].as_str().unwrap().to_owned();
-    let got = r.wait_for(4, WAIT).await;
-    let again: Vec<_> = got
-        .iter()
-        .filter(|g| g.header("hookline-replay-id").is_some())
-        .collect();
-    assert_eq!(again.len(), 1, "only that delivery is replayed");
-    assert_eq!(verify(again[0], &secret), "evt_api_replay");
-    assert_eq!(
-        again[0].header("hookline-replay-id"),
-        Some(replay_id.as_str())
-    );
-    eventually(
-        "the replayed delivery's state",
-        || {
-            let store = p.handles.store.clone();
-            let id = delivery.clone();
-            futures::executor::block_on(async move { store.delivery(&id).await })
-                .unwrap()
-                .map(|d| d.status)
-        },
-        |s| *s == Some(hookline::storage::DeliveryStatus::Succeeded),
     )
-    .await;
-    let audits = p.handles.store.replays(10).await.unwrap();
-    let audit = audits
-        .iter()
-        .find(|a| a.replay_id == replay_id)
-        .expect("audited");
-    assert_eq!(
-        (audit.actor.as_str(), audit.reason.as_str(), audit.count),
-        (
-            "alice@acme.example (with tenant acme's API token)",
-            "receiver fixed",
-            1
-        )
-    );
-    let (status, answer) = replay().await;
-    assert_eq!(status, 409, "{answer}");
-    assert!(
-        answer["detail"].as_str().unwrap().contains("is succeeded"),
-        "{answer}"
-    );
-    p.stop().await;
+}
+
+const ACME_TOKEN: &str = "acme-replay-token-0123456789";
+
+/// `POST path` with `body` and [`ACME_TOKEN`]: (status, JSON answer).
+async fn api_post(api: &axum::Router, path: &str, body: &str) -> (u16, serde_json::Value) {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let request = axum::http::Request::post(path)
+        .header("authorization", format!("Bearer {ACME_TOKEN}"))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body.to_owned()))
+        .unwrap();
+    let response = api.clone().oneshot(request).await.expect("router answers");
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
 }
 
 on_both!(
@@ -1490,5 +1553,5 @@ on_both!(
     an_undecodable_delivery_record_goes_to_the_invalid_topic,
     a_restart_mid_stream_loses_nothing,
     a_dlq_range_replays_with_the_replay_header,
-    a_dead_delivery_replays_through_the_admin_api,
+    dead_deliveries_replay_through_the_admin_api,
 );
