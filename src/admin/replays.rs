@@ -9,6 +9,7 @@
 //! how many, newest first), for operators only, since one `hookline replay` may cover many
 //! tenants' deliveries.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::Json;
@@ -173,12 +174,25 @@ fn takes_replays(state: &AdminState, endpoint: &EndpointId) -> Result<(), ApiErr
     }
 }
 
-/// The process's replayer, or 503.
-fn replayer(state: &AdminState) -> Result<&dyn ApiReplayer, ApiError> {
-    state
+/// Runs `replay` with the process's replayer (503 without one) on a task of its own: a
+/// request cut at the API's deadline, or dropped by its client, must not stop a replay halfway,
+/// with records republished and no audit entry; the task finishes and records it.
+async fn on_replayer<T, F>(
+    state: &AdminState,
+    replay: impl FnOnce(Arc<dyn ApiReplayer>) -> F,
+) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, ReplayError>> + Send + 'static,
+{
+    let replayer = state
         .replayer
-        .as_deref()
-        .ok_or_else(|| ApiError::Unavailable("replay is not available in this process".into()))
+        .clone()
+        .ok_or_else(|| ApiError::Unavailable("replay is not available in this process".into()))?;
+    tokio::spawn(replay(replayer))
+        .await
+        .map_err(|e| ApiError::Internal(format!("the replay task failed: {e}")))?
+        .map_err(replay_failed)
 }
 
 /// A failed replay as the API answers it: 410 for a dead letter past the DLQ's retention, 503
@@ -225,10 +239,11 @@ pub async fn replay_delivery(
         )));
     }
     takes_replays(&state, &delivery.endpoint_id)?;
-    let done = replayer(&state)?
-        .replay(&delivery, actor, reason)
-        .await
-        .map_err(replay_failed)?;
+    let id = id.clone();
+    let done = on_replayer(&state, move |r| async move {
+        r.replay(&delivery, actor, reason).await
+    })
+    .await?;
     tracing::info!(delivery = %id, replay_id = %done.replay_id, "delivery replayed");
     Ok((
         StatusCode::ACCEPTED,
@@ -315,10 +330,11 @@ pub async fn replay_endpoint(
         actor,
         reason,
     };
-    let done = replayer(&state)?
-        .replay_endpoint(&request)
-        .await
-        .map_err(replay_failed)?;
+    let done = on_replayer(
+        &state,
+        move |r| async move { r.replay_endpoint(&request).await },
+    )
+    .await?;
     tracing::info!(endpoint = %endpoint.id, replay_id = %done.replay_id,
         replayed = done.replayed, complete = done.resume_since.is_none(), "endpoint replayed");
     Ok((

@@ -205,9 +205,7 @@ pub async fn replay_endpoint(
             Ok(msg) => msg,
             Err(ScanEnd::Done) => break None,
             Err(ScanEnd::TimedOut { resume_from }) => {
-                let at = SystemTime::UNIX_EPOCH
-                    + Duration::from_millis(u64::try_from(resume_from).unwrap_or(0));
-                done.resume_since = Some(at);
+                done.resume_since = Some(millis_time(resume_from));
                 break Some(format!(
                     "read the DLQ for {}s, the longest one request may",
                     ENDPOINT_SCAN_LIMIT.as_secs()
@@ -224,15 +222,12 @@ pub async fn replay_endpoint(
             done.skipped += 1;
             continue;
         }
-        // Where a request resumes when this record is not covered.
+        // Where a request resumes when this record is not covered: its own time, or earlier
+        // where another partition has not been read as far.
         let here = || {
             use rdkafka::Message;
-            msg.timestamp()
-                .to_millis()
-                .and_then(|t| u64::try_from(t).ok())
-                .map_or(request.since, |t| {
-                    SystemTime::UNIX_EPOCH + Duration::from_millis(t)
-                })
+            let at = msg.timestamp().to_millis().unwrap_or(i64::MAX);
+            millis_time(scan.resume_from().min(at))
         };
         let dead = match store.delivery(&record.delivery_id).await {
             Ok(state) => state.is_some_and(|d| d.status == DeliveryStatus::Dead),
@@ -300,6 +295,11 @@ pub async fn replay_endpoint(
     tracing::info!(replay_id = %audit.replay_id, actor = %audit.actor, reason = %audit.reason,
         scope = %audit.scope, count = audit.count, "replay recorded");
     Ok(done)
+}
+
+/// A Kafka timestamp as a time.
+fn millis_time(ms: i64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
 /// The replays the admin API starts.

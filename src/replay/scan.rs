@@ -27,6 +27,10 @@ pub fn unix_millis(t: SystemTime) -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// How far before the last timestamp handed out a resumed scan starts: producers stamp records
+/// as they send them, so a partition's timestamps may go back a little.
+const RESUME_MARGIN: i64 = 1_000;
+
 /// What is left to read of a partition.
 enum Left {
     /// Only its newest record (`last`) is assigned so far; `low` is its first offset.
@@ -124,6 +128,20 @@ impl DlqScan {
         })
     }
 
+    /// Where a later scan resumes to cover what this one has not handed out yet: the earliest,
+    /// over the partitions not done, of the newest timestamp handed out (or the start), less
+    /// [`RESUME_MARGIN`] for timestamps a little out of order. What it hands out again was
+    /// handed out before.
+    pub fn resume_from(&self) -> i64 {
+        let earliest = self
+            .left
+            .keys()
+            .map(|p| self.reached.get(p).copied().unwrap_or(self.from))
+            .min()
+            .unwrap_or(self.until);
+        earliest.saturating_sub(RESUME_MARGIN).max(self.from)
+    }
+
     /// The next record in range, in no particular order across partitions; `Err(ScanEnd)` when
     /// there is none left, or no time.
     pub fn next(&mut self) -> Result<Result<OwnedMessage, ScanEnd>, ReplayError> {
@@ -131,13 +149,9 @@ impl DlqScan {
         while !self.left.is_empty() {
             let wait = self.deadline.saturating_duration_since(Instant::now());
             if wait.is_zero() {
-                let resume_from = self
-                    .left
-                    .keys()
-                    .map(|p| self.reached.get(p).copied().unwrap_or(self.from))
-                    .min()
-                    .unwrap_or(self.from);
-                return Ok(Err(ScanEnd::TimedOut { resume_from }));
+                return Ok(Err(ScanEnd::TimedOut {
+                    resume_from: self.resume_from(),
+                }));
             }
             let consumer = &self.consumer;
             let msg = match tokio::task::block_in_place(|| consumer.poll(wait.min(POLL_WAIT))) {
