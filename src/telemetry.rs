@@ -75,6 +75,9 @@ pub mod name {
     /// 1 while the CQL store's TLS `file` (`ca`, `client_cert`) changed into something unusable
     /// and the files read before are still in use; 0 otherwise.
     pub const STORE_TLS_REFUSED: &str = "hookline_store_tls_files_refused";
+    /// When the client certificate hookline shows the CQL nodes (`tls.cert_file`) expires, as
+    /// a Unix time, from the certificate in use.
+    pub const STORE_TLS_CERT_EXPIRY: &str = "hookline_store_tls_cert_expiry_timestamp_seconds";
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -282,6 +285,11 @@ fn describe() {
         STORE_TLS_REREADS,
         "CQL TLS files read again after a change, by file and outcome (refused: the files \
          read before stay in use)."
+    );
+    describe_gauge!(
+        STORE_TLS_CERT_EXPIRY,
+        metrics::Unit::Seconds,
+        "When the CQL client certificate in use expires (Unix time)."
     );
     describe_gauge!(
         STORE_TLS_REFUSED,
@@ -617,6 +625,14 @@ pub fn cql_tls_watched(file: CqlTlsFile) {
         counter!(name::STORE_TLS_REREADS, "file" => file.as_str(), "outcome" => outcome)
             .increment(0);
     }
+}
+
+/// The CQL client certificate now in use expires `at`.
+pub fn cql_client_cert_expiry(at: std::time::SystemTime) {
+    let secs = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    gauge!(name::STORE_TLS_CERT_EXPIRY).set(secs);
 }
 
 /// Whether the CQL store's `file` on disk is refused (the files read before are in use).

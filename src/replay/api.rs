@@ -201,10 +201,15 @@ pub async fn replay_endpoint(
         stopped: None,
     };
     done.stopped = loop {
-        let msg = match scan.next()? {
-            Ok(msg) => msg,
-            Err(ScanEnd::Done) => break None,
-            Err(ScanEnd::TimedOut { resume_from }) => {
+        let msg = match scan.next() {
+            Ok(Ok(msg)) => msg,
+            // What was republished before is audited all the same.
+            Err(e) => {
+                done.resume_since = Some(millis_time(scan.resume_from()));
+                break Some(format!("reading the DLQ failed: {e}"));
+            }
+            Ok(Err(ScanEnd::Done)) => break None,
+            Ok(Err(ScanEnd::TimedOut { resume_from })) => {
                 done.resume_since = Some(millis_time(resume_from));
                 break Some(format!(
                     "read the DLQ for {}s, the longest one request may",

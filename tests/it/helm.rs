@@ -773,13 +773,13 @@ fn series<'a>(name: &str, labels: impl Iterator<Item = (&'a str, &'a str)>) -> S
     format!("{name}{{{}}}", labels.join(", "))
 }
 
-/// promtool unit tests of seven alerts on the series hookline exports (at the defaults'
+/// promtool unit tests of eight alerts on the series hookline exports (at the defaults'
 /// thresholds and `for:` durations), one sample a minute.
 fn rule_tests(rules: &str, targets: &[Target]) -> Value {
     use hookline::retry_policy::DeadReason;
     use hookline::telemetry::ParkReason;
     use hookline::telemetry::name::{
-        BREAKERS_OPEN, DEAD_LETTERS, PARKED, RUNTIME_LAG, STORE_TLS_REFUSED,
+        BREAKERS_OPEN, DEAD_LETTERS, PARKED, RUNTIME_LAG, STORE_TLS_CERT_EXPIRY, STORE_TLS_REFUSED,
     };
     let deliver = format!("{}-deliver", fullname());
     let pod = |i: u32| format!("{deliver}-{i}");
@@ -814,6 +814,12 @@ fn rule_tests(rules: &str, targets: &[Target]) -> Value {
         let bucket = format!("{RUNTIME_LAG}_bucket");
         let labels = [("namespace", NAMESPACE), ("pod", &pod(i)), ("le", le)];
         json!({"series": series(&bucket, labels.into_iter()), "values": format!("0+{per_minute}x40")})
+    };
+    let cert_expiry = |i: u32| {
+        hookline_series(
+            STORE_TLS_CERT_EXPIRY,
+            &[("namespace", NAMESPACE), ("pod", &pod(i))],
+        )
     };
     let tls_refused = |i: u32, file: &str| {
         hookline_series(
@@ -940,6 +946,23 @@ fn rule_tests(rules: &str, targets: &[Target]) -> Value {
                         "exp_alerts": [{"exp_labels": {
                             "severity": "warning", "pod": pod(0), "file": "client_cert",
                         }}],
+                    },
+                ],
+            },
+            {
+                "name": "store TLS: one pod's client certificate has 10 days left, another's a year",
+                "interval": "1m",
+                // Unix times: the evaluation starts at 0, so 10 days is 864000.
+                "input_series": [
+                    {"series": cert_expiry(0), "values": "864000x120"},
+                    {"series": cert_expiry(1), "values": "31536000x120"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "30m", "alertname": "HooklineStoreClientCertExpiring", "exp_alerts": []},
+                    {
+                        "eval_time": "90m",
+                        "alertname": "HooklineStoreClientCertExpiring",
+                        "exp_alerts": [{"exp_labels": {"severity": "warning", "pod": pod(0)}}],
                     },
                 ],
             },
@@ -1166,6 +1189,7 @@ config: |
         "HooklineAttemptLogWritesSlow",
         "HooklineAttemptLogWriteErrors",
         "HooklineStoreTlsFilesRefused",
+        "HooklineStoreClientCertExpiring",
         "HooklineProduceFailing",
         "HooklineConsumerErrors",
         "HooklineManyBreakersOpen",

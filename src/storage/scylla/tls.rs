@@ -5,13 +5,14 @@
 //! clusters' certificates name the nodes by DNS instead, or carry one name for the whole
 //! cluster: `server_name` checks every node's certificate against that name, with the chain
 //! and expiry checked as usual.
-
+//!
 //! hookline reads the CA, certificate and key files again when they change (a rotation by
 //! cert-manager, a Kubernetes secret updated in place): each new connection to a node (at
 //! start-up, and whenever the driver reconnects, as after a node's restart) checks the files and
-//! uses what they hold then. Connections already open keep the certificates they were made
-//! with. A change that cannot be used (a file half written, a key that is not the
-//! certificate's) is logged and counted, and the files read before stay in use until the next
+//! uses what they hold then, and [`Watch`] checks them every minute between connections.
+//! Connections already open keep the certificates they were made with. A change that cannot be
+//! used (a file half written, a key that is not the certificate's) is logged, counted and shown
+//! by `hookline_store_tls_files_refused`, and the files read before stay in use until the next
 //! change.
 
 use std::path::{Path, PathBuf};
@@ -118,12 +119,26 @@ fn certified_key(
             format!("= {shown:?} holds no usable private key: {}", pem_error(&e)),
         )
     })?;
-    CertifiedKey::from_der(chain, key_der, provider).map_err(|e| {
+    let expires = chain.first().and_then(|leaf| not_after(leaf));
+    let certified = CertifiedKey::from_der(chain, key_der, provider).map_err(|e| {
         invalid(
             "tls.key_file",
             format!("= {shown:?} cannot be used with tls.cert_file: {e}"),
         )
-    })
+    })?;
+    // Read to be used: its expiry is the one that counts from now on.
+    if let Some(at) = expires {
+        telemetry::cql_client_cert_expiry(at);
+    }
+    Ok(certified)
+}
+
+/// When the DER certificate `cert` stops being valid; `None` if it does not parse (rustls has
+/// checked it as far as it needs to).
+fn not_after(cert: &CertificateDer<'_>) -> Option<SystemTime> {
+    use x509_cert::der::Decode;
+    let parsed = x509_cert::Certificate::from_der(cert.as_ref()).ok()?;
+    Some(SystemTime::UNIX_EPOCH + parsed.tbs_certificate.validity.not_after.to_unix_duration())
 }
 
 /// What a file looked like when last read: its length, modification time and inode (a
@@ -495,5 +510,26 @@ mod tests {
             .await
             .expect("the watch ends once its TLS settings are dropped")
             .unwrap();
+    }
+
+    #[test]
+    fn the_client_certificates_expiry_is_shown_when_it_is_read() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let counted = recorder.handle();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/storage/scylla/testdata");
+        let provider = rustls::crypto::ring::default_provider();
+        certified_key(
+            &dir.join("expires-2036.pem"),
+            &dir.join("expires-2036.key"),
+            &provider,
+        )
+        .expect("the test certificate and its key");
+        // notAfter 2036-01-01T00:00:00Z.
+        let text = counted.render();
+        assert!(
+            text.contains("hookline_store_tls_cert_expiry_timestamp_seconds 2082758400\n"),
+            "{text}"
+        );
     }
 }
