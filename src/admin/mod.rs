@@ -208,7 +208,10 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/deliveries/{id}", get(deliveries::get))
         .route("/v1/deliveries/{id}/replay", post(replays::replay_delivery))
         .route("/v1/endpoints/{id}/replay", post(replays::replay_endpoint))
-        .route("/v1/replays", get(replays::list))
+        .route(
+            "/v1/replays",
+            get(replays::list).post(replays::replay_range),
+        )
         // route_layer: only matched routes authenticate, so an unknown path is a plain 404;
         // and the token is checked before any body is read.
         .route_layer(middleware::from_fn_with_state(

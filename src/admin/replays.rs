@@ -19,7 +19,9 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use crate::id::EndpointId;
-use crate::replay::{ApiReplayer, EndpointReplayRequest, ReplayError};
+use crate::replay::{
+    ApiReplayer, EndpointReplayRequest, ReplayError, ReplayRequest, ReplaySummary,
+};
 use crate::storage::{DeliveryStatus, ReplayAudit};
 
 use super::AdminState;
@@ -79,6 +81,100 @@ impl ReplayEntry {
 pub struct ReplayList {
     /// Newest first.
     pub data: Vec<ReplayEntry>,
+}
+
+/// `POST /v1/replays` body: a range of DLQ offsets, as `hookline replay` takes it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RangeReplayParams {
+    /// The DLQ partition.
+    pub partition: i32,
+    /// First offset, inclusive.
+    pub from_offset: i64,
+    /// Last offset, inclusive; past the partition's end, up to its last record.
+    pub to_offset: i64,
+    /// Only this endpoint's records.
+    pub endpoint: Option<String>,
+    /// Who asks; recorded with the token's kind.
+    pub actor: Option<String>,
+    /// Why.
+    pub reason: Option<String>,
+    /// Count what would be replayed, republish nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// `POST /v1/replays` answer: 202 (200 for a dry run).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeReplayed {
+    /// What it did.
+    #[serde(flatten)]
+    pub summary: ReplaySummary,
+    /// Whether nothing was republished on purpose.
+    pub dry_run: bool,
+}
+
+/// `POST /v1/replays`: what `hookline replay` does, for operators who reach the API and not a
+/// shell: republishes a range of DLQ offsets (optionally one endpoint's records) with a fresh
+/// window and a replay id, audited. Operator tokens only (403 for a tenant's: a range holds
+/// many tenants' deliveries). 422 names the field at fault (a partition the DLQ does not have,
+/// offsets not in it); 503 when Kafka does not answer, or a replay stops short of its range
+/// (the detail says where, and what it republished).
+pub async fn replay_range(
+    State(state): State<AdminState>,
+    caller: Caller,
+    ApiJson(req): ApiJson<RangeReplayParams>,
+) -> Result<(StatusCode, Json<RangeReplayed>), ApiError> {
+    if caller.tenant().is_some() {
+        return Err(ApiError::Forbidden(
+            "replaying DLQ offsets is for operator tokens: a range holds many tenants' \
+             deliveries; replay a delivery or an endpoint's instead"
+                .into(),
+        ));
+    }
+    if req.partition < 0 {
+        return Err(ApiError::invalid("partition", "must be 0 or more"));
+    }
+    if req.from_offset < 0 {
+        return Err(ApiError::invalid("from_offset", "must be 0 or more"));
+    }
+    if req.to_offset < req.from_offset {
+        return Err(ApiError::invalid("to_offset", "is before from_offset"));
+    }
+    let endpoint = req
+        .endpoint
+        .as_deref()
+        .map(|e| EndpointId::parse(e).map_err(|e| ApiError::invalid("endpoint", e.to_string())))
+        .transpose()?;
+    let (actor, reason) = who_and_why(&caller, req.actor, req.reason)?;
+    let request = ReplayRequest {
+        partition: req.partition,
+        from_offset: req.from_offset,
+        to_offset: req.to_offset,
+        endpoint,
+        actor,
+        reason,
+        dry_run: req.dry_run,
+    };
+    let done = on_replayer(
+        &state,
+        move |r| async move { r.replay_range(&request).await },
+    )
+    .await?;
+    tracing::info!(replay_id = %done.replay_id, replayed = done.replayed, dry_run = req.dry_run,
+        "DLQ range replayed");
+    let status = if req.dry_run {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((
+        status,
+        Json(RangeReplayed {
+            summary: done,
+            dry_run: req.dry_run,
+        }),
+    ))
 }
 
 /// `GET /v1/replays?limit=`: the latest replays, newest first; operators only (403 for a
@@ -195,11 +291,37 @@ where
         .map_err(replay_failed)
 }
 
-/// A failed replay as the API answers it: 410 for a dead letter past the DLQ's retention, 503
-/// for everything else (Kafka slow or away, the audit entry not written), with what happened.
+/// A failed replay as the API answers it: 410 for a dead letter past the DLQ's retention, 422
+/// for a DLQ range that is not there, 503 for everything else (Kafka slow or away, a replay
+/// stopped short, the audit entry not written), with what happened.
 fn replay_failed(e: ReplayError) -> ApiError {
     match e {
         gone @ ReplayError::DeadLetterGone { .. } => ApiError::Gone(gone.to_string()),
+        // A range the DLQ does not hold is the caller's mistake, not an outage.
+        ReplayError::NoPartition {
+            topic,
+            partitions,
+            partition,
+        } => ApiError::invalid(
+            "partition",
+            format!(
+                "{partition} is not a partition of {topic}, which has {partitions} (0 to {})",
+                partitions - 1
+            ),
+        ),
+        ReplayError::OutOfRange {
+            partition,
+            low,
+            high,
+            from,
+            to,
+        } => ApiError::invalid(
+            "from_offset",
+            format!(
+                "{from}..={to} is not in DLQ partition {partition}, which holds offsets \
+                 {low}..{high} (exclusive end)"
+            ),
+        ),
         other => ApiError::Unavailable(other.to_string()),
     }
 }

@@ -1837,6 +1837,50 @@ impl crate::replay::ApiReplayer for FakeReplayer {
         })
     }
 
+    /// Answers a range by its partition: 7 does not exist, 8 does not hold the offsets.
+    async fn replay_range(
+        &self,
+        request: &crate::replay::ReplayRequest,
+    ) -> Result<crate::replay::ReplaySummary, crate::replay::ReplayError> {
+        use crate::replay::ReplayError;
+        match request.partition {
+            7 => Err(ReplayError::NoPartition {
+                topic: "hookline.dlq".into(),
+                partitions: 4,
+                partition: 7,
+            }),
+            8 => Err(ReplayError::OutOfRange {
+                partition: 8,
+                low: 0,
+                high: 10,
+                from: request.from_offset,
+                to: request.to_offset,
+            }),
+            _ => {
+                self.asked.lock().unwrap().push((
+                    format!(
+                        "{} {}..={} {:?} {}",
+                        request.partition,
+                        request.from_offset,
+                        request.to_offset,
+                        request.endpoint.as_ref().map(ToString::to_string),
+                        request.dry_run
+                    ),
+                    request.actor.clone(),
+                    request.reason.clone(),
+                ));
+                Ok(crate::replay::ReplaySummary {
+                    replay_id: "rpl_offsets".into(),
+                    scanned: 5,
+                    replayed: 4,
+                    filtered: 1,
+                    undecodable: 0,
+                    last_offset: request.to_offset,
+                })
+            }
+        }
+    }
+
     /// Covers what lies before 2025-10-09T08:53:25Z.
     async fn replay_endpoint(
         &self,
@@ -2096,6 +2140,84 @@ async fn an_endpoints_dead_deliveries_replay_over_a_time_range() {
     assert_error(&a, StatusCode::CONFLICT, "conflict", "re-enable it first");
     assert_eq!(
         replayer.endpoint_asks.lock().unwrap().len(),
+        2,
+        "refusals replay nothing"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn operators_replay_a_dlq_range_through_the_api() {
+    let f = fixture();
+    let ep = created_id(&f.app, ACME).await;
+    let replayer = Arc::new(FakeReplayer::default());
+    let app = router(f.state.clone().with_replayer(replayer.clone()));
+    let body = json!({"partition": 2, "from_offset": 10, "to_offset": 14, "endpoint": ep,
+                      "actor": "oncall", "reason": "receiver fixed"})
+    .to_string();
+    let a = call(&app, Method::POST, "/v1/replays", OP, Some(&body)).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.text);
+    assert_eq!(
+        a.json,
+        json!({"replay_id": "rpl_offsets", "scanned": 5, "replayed": 4, "filtered": 1,
+               "skipped_not_dead_letters": 0, "last_offset": 14, "dry_run": false})
+    );
+    let dry = r#"{"partition":2,"from_offset":10,"to_offset":10,"dry_run":true}"#;
+    let a = call(&app, Method::POST, "/v1/replays", OP, Some(dry)).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+    assert_eq!(a.json["dry_run"], true);
+    assert_eq!(
+        *replayer.asked.lock().unwrap(),
+        [
+            (
+                format!("2 10..=14 Some(\"{ep}\") false"),
+                "oncall (with an operator's API token)".to_owned(),
+                "receiver fixed".to_owned()
+            ),
+            (
+                "2 10..=10 None true".to_owned(),
+                "with an operator's API token".to_owned(),
+                "replayed through the admin API".to_owned()
+            ),
+        ]
+    );
+    let a = call(&app, Method::POST, "/v1/replays", ACME, Some(&body)).await;
+    assert_error(&a, StatusCode::FORBIDDEN, "forbidden", "operator tokens");
+    for (body, needle) in [
+        (
+            r#"{"partition":-1,"from_offset":0,"to_offset":0}"#,
+            "partition: must be 0 or more",
+        ),
+        (
+            r#"{"partition":0,"from_offset":-1,"to_offset":0}"#,
+            "from_offset:",
+        ),
+        (
+            r#"{"partition":0,"from_offset":5,"to_offset":4}"#,
+            "to_offset: is before from_offset",
+        ),
+        (
+            r#"{"partition":0,"from_offset":0,"to_offset":0,"endpoint":"no such id!"}"#,
+            "endpoint:",
+        ),
+        (r#"{"partition":0,"from_offset":0}"#, "to_offset"),
+        (
+            r#"{"partition":0,"from_offset":0,"to_offset":0,"reason":""}"#,
+            "reason:",
+        ),
+        (
+            r#"{"partition":7,"from_offset":0,"to_offset":0}"#,
+            "partition: 7 is not a partition of hookline.dlq, which has 4 (0 to 3)",
+        ),
+        (
+            r#"{"partition":8,"from_offset":20,"to_offset":30}"#,
+            "from_offset: 20..=30 is not in DLQ partition 8",
+        ),
+    ] {
+        let a = call(&app, Method::POST, "/v1/replays", OP, Some(body)).await;
+        assert_error(&a, StatusCode::UNPROCESSABLE_ENTITY, "invalid", needle);
+    }
+    assert_eq!(
+        replayer.asked.lock().unwrap().len(),
         2,
         "refusals replay nothing"
     );

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use super::scan::{DlqScan, ScanEnd, unix_millis};
-use super::{ReplayError, ReplayRequest, ReplayTarget, check, new_replay_id};
+use super::{ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, check, new_replay_id};
 use crate::deliver::outgoing;
 use crate::id::EndpointId;
 use crate::kafka::producer_config;
@@ -323,6 +323,9 @@ pub trait ApiReplayer: Send + Sync {
         &self,
         request: &EndpointReplayRequest,
     ) -> Result<EndpointReplay, ReplayError>;
+
+    /// Replays a range of DLQ offsets, as `hookline replay` does, within the API's time.
+    async fn replay_range(&self, request: &ReplayRequest) -> Result<ReplaySummary, ReplayError>;
 }
 
 /// [`ApiReplayer`] on the cluster and store the process runs on.
@@ -349,5 +352,14 @@ impl ApiReplayer for KafkaReplayer {
         request: &EndpointReplayRequest,
     ) -> Result<EndpointReplay, ReplayError> {
         replay_endpoint(&self.target, self.store.as_ref(), request).await
+    }
+
+    async fn replay_range(&self, request: &ReplayRequest) -> Result<ReplaySummary, ReplayError> {
+        check(&self.target, request)
+            .await?
+            .idle_limit(API_IDLE_LIMIT)
+            .publish_deadline(API_PUBLISH_DEADLINE)
+            .run(self.store.as_ref(), &mut |_, _| {})
+            .await
     }
 }

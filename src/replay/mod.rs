@@ -103,8 +103,8 @@ impl ReplayTarget {
     }
 }
 
-/// What a replay did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a replay did (the admin API answers with it).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReplaySummary {
     /// The replay id receivers see.
     pub replay_id: String,
@@ -114,7 +114,9 @@ pub struct ReplaySummary {
     pub replayed: u64,
     /// Records skipped by the endpoint filter.
     pub filtered: u64,
-    /// Records in the range that are not hookline DLQ records (left alone).
+    /// Records in the range that are not hookline DLQ records (left alone); named as
+    /// `hookline replay` prints it.
+    #[serde(rename = "skipped_not_dead_letters")]
     pub undecodable: u64,
     /// The range's last offset as replayed: `to_offset`, or the partition's last record when
     /// the replay began if that came first. A replay that stops short of it is an error,

@@ -1068,6 +1068,43 @@ async fn a_dlq_range_replays_with_the_replay_header(on: On) {
             elsewhere.dlq, target.bootstrap
         )
     );
+    // The same through the admin API, for operators: a dry run of the offset, a partition the
+    // DLQ does not have, and a tenant token, refused.
+    let api = admin_api(&p);
+    let range = |partition: i64| {
+        json!({"partition": partition, "from_offset": offset, "to_offset": offset,
+               "reason": "check", "dry_run": true})
+        .to_string()
+    };
+    let (status, answer) = api_post(
+        &api,
+        OPERATOR_TOKEN,
+        "/v1/replays",
+        &range(partition.into()),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        (answer["scanned"].as_u64(), answer["replayed"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let (status, answer) = api_post(
+        &api,
+        OPERATOR_TOKEN,
+        "/v1/replays",
+        &range(partitions.into()),
+    )
+    .await;
+    assert_eq!(status, 422, "{answer}");
+    assert!(
+        answer["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("partition: {partitions} is not a partition of")),
+        "{answer}"
+    );
+    let (status, _) = api_post(&api, ACME_TOKEN, "/v1/replays", &range(partition.into())).await;
+    assert_eq!(status, 403);
     p.stop().await;
 }
 
@@ -1382,10 +1419,11 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
         .expect("the delivery's dead letter");
     // Every dead delivery's attempt is logged before its dead letter is written.
     fixed.store(true, std::sync::atomic::Ordering::SeqCst);
-    let api = tenant_admin_api(&p);
+    let api = admin_api(&p);
 
     let (status, answer) = api_post(
         &api,
+        ACME_TOKEN,
         &format!("/v1/deliveries/{wanted}/replay"),
         r#"{"actor":"alice@acme.example","reason":"receiver fixed"}"#,
     )
@@ -1421,7 +1459,13 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
         succeeded,
     )
     .await;
-    let (status, answer) = api_post(&api, &format!("/v1/deliveries/{wanted}/replay"), "").await;
+    let (status, answer) = api_post(
+        &api,
+        ACME_TOKEN,
+        &format!("/v1/deliveries/{wanted}/replay"),
+        "",
+    )
+    .await;
     assert_eq!(status, 409, "{answer}");
     assert!(
         answer["detail"].as_str().unwrap().contains("is succeeded"),
@@ -1431,6 +1475,7 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
     let since = humantime::format_rfc3339_millis(began).to_string();
     let (status, answer) = api_post(
         &api,
+        ACME_TOKEN,
         &format!("/v1/endpoints/{endpoint}/replay"),
         &json!({"since": since, "reason": "outage over"}).to_string(),
     )
@@ -1489,10 +1534,11 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
     p.stop().await;
 }
 
-/// The admin API over the pipeline's own view and store, with one token for tenant `acme`,
-/// replaying on the pipeline's Kafka.
-fn tenant_admin_api(p: &Pipeline) -> axum::Router {
+/// The admin API over the pipeline's own view and store, with [`OPERATOR_TOKEN`] and a token
+/// for tenant `acme`, replaying on the pipeline's Kafka.
+fn admin_api(p: &Pipeline) -> axum::Router {
     let auth = hookline::config::AdminConfig {
+        operator_tokens: vec![hookline::config::Token::new(OPERATOR_TOKEN)],
         tenant_tokens: BTreeMap::from([(
             hookline::config::Token::new(ACME_TOKEN),
             Tenant::parse("acme").unwrap(),
@@ -1516,13 +1562,19 @@ fn tenant_admin_api(p: &Pipeline) -> axum::Router {
 }
 
 const ACME_TOKEN: &str = "acme-replay-token-0123456789";
+const OPERATOR_TOKEN: &str = "operator-replay-token-0123456789";
 
-/// `POST path` with `body` and [`ACME_TOKEN`]: (status, JSON answer).
-async fn api_post(api: &axum::Router, path: &str, body: &str) -> (u16, serde_json::Value) {
+/// `POST path` with `body` and `token`: (status, JSON answer).
+async fn api_post(
+    api: &axum::Router,
+    token: &str,
+    path: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
     let request = axum::http::Request::post(path)
-        .header("authorization", format!("Bearer {ACME_TOKEN}"))
+        .header("authorization", format!("Bearer {token}"))
         .header("content-type", "application/json")
         .body(axum::body::Body::from(body.to_owned()))
         .unwrap();
