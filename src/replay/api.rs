@@ -7,15 +7,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio_util::sync::CancellationToken;
-
 use super::scan::{DlqScan, ScanEnd, unix_millis};
-use super::{ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, check, new_replay_id};
-use crate::deliver::outgoing;
+use super::{
+    ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, Republisher, check, new_replay_id,
+    record_audit,
+};
 use crate::id::EndpointId;
-use crate::kafka::producer_config;
 use crate::record::DeliveryRecord;
-use crate::stage::produce_until_acked;
 use crate::storage::{DeliveryState, DeliveryStatus, DeliveryStore, ReplayAudit};
 use crate::telemetry;
 
@@ -187,11 +185,7 @@ pub async fn replay_endpoint(
         ENDPOINT_SCAN_LIMIT,
     )?;
     let replay_id = new_replay_id();
-    let producer: crate::kafka::Producer = producer_config(&target.bootstrap, &target.client)
-        .create_with_context(crate::kafka::ProducerLog::default())
-        .map_err(super::kafka_failure(target, "creating the producer".into()))?;
-    let deliveries: Arc<str> = Arc::from(target.deliveries.as_str());
-    let never = CancellationToken::new();
+    let republisher = Republisher::new(target)?;
     let mut seen = BTreeSet::new();
     let mut done = EndpointReplay {
         replay_id: replay_id.clone(),
@@ -245,13 +239,10 @@ pub async fn replay_endpoint(
             done.skipped += 1;
             continue;
         }
-        let out = outgoing(deliveries.clone(), &record.for_replay(replay_id.clone()));
-        let sent = tokio::time::timeout(
-            API_PUBLISH_DEADLINE,
-            produce_until_acked(&producer, out, &never),
-        )
-        .await;
-        if !matches!(sent, Ok(true)) {
+        if !republisher
+            .republish(record, &replay_id, API_PUBLISH_DEADLINE)
+            .await
+        {
             done.resume_since = Some(here());
             break Some(format!(
                 "{} did not acknowledge a record within {}s",
@@ -289,16 +280,13 @@ pub async fn replay_endpoint(
         count: done.replayed,
         dry_run: false,
     };
-    store
-        .record_replay(&audit)
+    record_audit(store, &audit)
         .await
         .map_err(|source| ReplayError::Audit {
             replay_id: audit.replay_id.clone(),
             replayed: done.replayed,
             source,
         })?;
-    tracing::info!(replay_id = %audit.replay_id, actor = %audit.actor, reason = %audit.reason,
-        scope = %audit.scope, count = audit.count, "replay recorded");
     Ok(done)
 }
 

@@ -676,11 +676,7 @@ impl Checked<'_> {
             publish_deadline,
         } = self;
         let replay_id = new_replay_id();
-        let producer: crate::kafka::Producer = producer_config(&target.bootstrap, &target.client)
-            .create_with_context(crate::kafka::ProducerLog::default())
-            .map_err(kafka_failure(target, "creating the producer".into()))?;
-        let deliveries: Arc<str> = Arc::from(target.deliveries.as_str());
-        let never = CancellationToken::new();
+        let republisher = Republisher::new(target)?;
         let mut summary = ReplaySummary {
             replay_id: replay_id.clone(),
             scanned: 0,
@@ -760,13 +756,10 @@ impl Checked<'_> {
                 summary.replayed += 1;
                 continue;
             }
-            let out = outgoing(deliveries.clone(), &record.for_replay(replay_id.clone()));
-            let sent = tokio::time::timeout(
-                publish_deadline,
-                produce_until_acked(&producer, out, &never),
-            )
-            .await;
-            if !matches!(sent, Ok(true)) {
+            if !republisher
+                .republish(record, &replay_id, publish_deadline)
+                .await
+            {
                 // Not republished: a resumed replay starts with it.
                 next = msg.offset();
                 break Some(StopCause::Publish {
@@ -793,12 +786,7 @@ impl Checked<'_> {
             count: summary.replayed,
             dry_run: request.dry_run,
         };
-        let recorded = store.record_replay(&audit).await;
-        if recorded.is_ok() {
-            tracing::info!(replay_id = %audit.replay_id, actor = %audit.actor,
-                reason = %audit.reason, scope = %audit.scope, count = audit.count,
-                dry_run = audit.dry_run, "replay recorded");
-        }
+        let recorded = record_audit(store, &audit).await;
         match (stop, recorded) {
             (None, Ok(())) => Ok(summary),
             (None, Err(source)) => Err(ReplayError::Audit {
@@ -820,6 +808,47 @@ impl Checked<'_> {
             }))),
         }
     }
+}
+
+/// Republishes dead letters to the deliveries topic as replays.
+struct Republisher {
+    producer: crate::kafka::Producer,
+    deliveries: Arc<str>,
+    never: CancellationToken,
+}
+
+impl Republisher {
+    fn new(target: &ReplayTarget) -> Result<Republisher, ReplayError> {
+        let producer = producer_config(&target.bootstrap, &target.client)
+            .create_with_context(crate::kafka::ProducerLog::default())
+            .map_err(kafka_failure(target, "creating the producer".into()))?;
+        Ok(Republisher {
+            producer,
+            deliveries: Arc::from(target.deliveries.as_str()),
+            never: CancellationToken::new(),
+        })
+    }
+
+    /// Republishes `record` as replay `replay_id` (a fresh window); whether the deliveries
+    /// topic acknowledged it within `deadline`.
+    async fn republish(&self, record: DeliveryRecord, replay_id: &str, deadline: Duration) -> bool {
+        let out = outgoing(self.deliveries.clone(), &record.for_replay(replay_id));
+        let sent = tokio::time::timeout(
+            deadline,
+            produce_until_acked(&self.producer, out, &self.never),
+        )
+        .await;
+        matches!(sent, Ok(true))
+    }
+}
+
+/// Records a replay's audit entry in `store`, and logs it once recorded.
+async fn record_audit(store: &dyn DeliveryStore, audit: &ReplayAudit) -> Result<(), StoreError> {
+    store.record_replay(audit).await?;
+    tracing::info!(replay_id = %audit.replay_id, actor = %audit.actor,
+        reason = %audit.reason, scope = %audit.scope, count = audit.count,
+        dry_run = audit.dry_run, "replay recorded");
+    Ok(())
 }
 
 /// The audit entry's account of what a replay covered: `from_offset..=last` when it reached
