@@ -87,7 +87,8 @@ pub struct AdminState {
     /// The sender's rules for endpoint URLs, applied at registration where they need no DNS;
     /// `None` checks the URL's shape only.
     pub url_rules: Option<Arc<UrlRules>>,
-    /// Replays dead deliveries (`POST /v1/deliveries/{id}/replay`); `None` answers 503.
+    /// Runs the replay routes (`POST /v1/deliveries/{id}/replay`, `POST
+    /// /v1/endpoints/{id}/replay`, `POST /v1/replays`); `None` answers 503.
     pub replayer: Option<Arc<dyn crate::replay::ApiReplayer>>,
     permits: Arc<Semaphore>,
 }
@@ -166,7 +167,7 @@ impl AdminState {
         self
     }
 
-    /// Replays dead deliveries with `replayer`.
+    /// Runs the replay routes with `replayer`.
     pub fn with_replayer(mut self, replayer: Arc<dyn crate::replay::ApiReplayer>) -> AdminState {
         self.replayer = Some(replayer);
         self
