@@ -1398,7 +1398,7 @@ mod tests {
     use crate::registry::MemoryEndpointStore;
     use crate::sealed::MasterKey;
     use crate::storage::memory::MemoryStore;
-    use crate::storage::{DeliveryState, HistoryQuery, Page, ReplayAudit, StoreError};
+    use crate::storage::{DeliveryState, HistoryQuery, Page, ReplayAudit, ReplayMark, StoreError};
 
     /// What goes wrong in a [`FaultyStore`]'s `record_attempt`.
     enum Fault {
@@ -1459,6 +1459,12 @@ mod tests {
         }
         async fn replays(&self, limit: u32) -> Result<Vec<ReplayAudit>, StoreError> {
             self.inner.replays(limit).await
+        }
+        async fn record_replay_mark(&self, mark: &ReplayMark) -> Result<(), StoreError> {
+            self.inner.record_replay_mark(mark).await
+        }
+        async fn replay_mark(&self, id: &DeliveryId) -> Result<Option<ReplayMark>, StoreError> {
+            self.inner.replay_mark(id).await
         }
     }
 

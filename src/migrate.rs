@@ -44,10 +44,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "history_buckets",
         cql: include_str!("../schemas/cql/002_history_buckets.cql"),
     },
+    Migration {
+        version: 3,
+        name: "replay_marks",
+        cql: include_str!("../schemas/cql/003_replay_marks.cql"),
+    },
 ];
 
 /// The newest schema version this binary knows (and needs).
-pub const LATEST_VERSION: u32 = 2;
+pub const LATEST_VERSION: u32 = 3;
 
 /// A version recorded in `schema_migrations`.
 #[derive(Debug, Clone, PartialEq, Eq)]

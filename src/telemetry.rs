@@ -51,6 +51,9 @@ pub mod name {
     pub const ENDPOINTS_DISABLED: &str = "hookline_endpoints_disabled_total";
     /// Records replayed from the DLQ.
     pub const REPLAYED: &str = "hookline_replayed_records_total";
+    /// Replayed records whose replay mark the store did not take: a second replay before their
+    /// attempt is logged would send them again.
+    pub const REPLAY_MARKS_FAILED: &str = "hookline_replay_marks_failed_total";
     /// Attempt-log writes that failed (the record is retried, not settled).
     pub const STORE_ERRORS: &str = "hookline_store_errors_total";
     /// From an attempt's answer to its row being durable in the attempt log, retries included:
@@ -260,6 +263,10 @@ fn describe() {
     describe_counter!(ENDPOINTS_DISABLED, "Endpoints disabled after a 410 Gone.");
     describe_counter!(REPLAYED, "Records replayed from the DLQ.");
     describe_counter!(
+        REPLAY_MARKS_FAILED,
+        "Replayed records whose replay mark the delivery store did not take."
+    );
+    describe_counter!(
         STORE_ERRORS,
         "Attempt-log writes that failed and were retried."
     );
@@ -331,6 +338,7 @@ pub fn register_series<'a>(tiers: impl IntoIterator<Item = &'a str>) {
         DELIVERIES_CREATED,
         ENDPOINTS_DISABLED,
         REPLAYED,
+        REPLAY_MARKS_FAILED,
         STORE_ERRORS,
         PRODUCE_RETRIES,
     ] {
@@ -584,6 +592,11 @@ pub fn endpoint_disabled(endpoint_id: &str) {
 /// Records were replayed from the DLQ.
 pub fn replayed(count: u64) {
     counter!(name::REPLAYED).increment(count);
+}
+
+/// A replayed record's replay mark was not taken by the store.
+pub fn replay_mark_failed() {
+    counter!(name::REPLAY_MARKS_FAILED).increment(1);
 }
 
 /// An attempt's row became durable `took` after the first try to write it.

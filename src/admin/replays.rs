@@ -20,9 +20,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::id::EndpointId;
 use crate::replay::{
-    ApiReplayer, EndpointReplayRequest, ReplayError, ReplayRequest, ReplaySummary,
+    ApiReplayer, EndpointReplayRequest, ReplayError, ReplayRequest, ReplaySummary, Standing,
+    standing,
 };
-use crate::storage::{DeliveryStatus, ReplayAudit};
+use crate::storage::ReplayAudit;
 
 use super::AdminState;
 use super::auth::Caller;
@@ -342,8 +343,9 @@ pub struct Replayed {
 /// `POST /v1/deliveries/{id}/replay`: sends a dead-lettered delivery again, with a fresh retry
 /// window and the same `webhook-id`, through the same lanes and limits as any delivery. Its
 /// DLQ record is republished as `hookline replay` does, with an audit entry. 409 when the
-/// delivery is not dead or its endpoint cannot take it (deleted, disabled), 410 when its dead
-/// letter is past the DLQ's retention, 503 when Kafka does not answer in time.
+/// delivery is not dead, is on its way from an earlier replay whose attempt is not logged yet,
+/// or its endpoint cannot take it (deleted, disabled); 410 when its dead letter is past the
+/// DLQ's retention; 503 when Kafka does not answer in time.
 pub async fn replay_delivery(
     State(state): State<AdminState>,
     caller: Caller,
@@ -354,11 +356,22 @@ pub async fn replay_delivery(
     let (actor, reason) = who_and_why(&caller, req.actor, req.reason)?;
     let delivery = super::deliveries::visible(&state, &caller, &raw).await?;
     let id = &delivery.delivery_id;
-    if delivery.status != DeliveryStatus::Dead {
-        return Err(ApiError::Conflict(format!(
-            "delivery {id} is {}: only a dead-lettered delivery can be replayed",
-            delivery.status.as_str()
-        )));
+    match standing(state.deliveries.as_ref(), &delivery).await? {
+        Standing::Dead => {}
+        Standing::NotDead(status) => {
+            return Err(ApiError::Conflict(format!(
+                "delivery {id} is {}: only a dead-lettered delivery can be replayed",
+                status.as_str()
+            )));
+        }
+        Standing::OnItsWay(mark) => {
+            return Err(ApiError::Conflict(format!(
+                "delivery {id} was replayed at {} (replay {}) and that replay's attempt is not \
+                 logged yet: it is on its way; replay it again once it shows dead again",
+                humantime::format_rfc3339_millis(mark.at),
+                mark.replay_id
+            )));
+        }
     }
     takes_replays(&state, &delivery.endpoint_id)?;
     let id = id.clone();

@@ -2020,6 +2020,56 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_delivery_on_its_way_from_a_replay_is_not_replayed_again() {
+    let f = fixture();
+    let ep = created_id(&f.app, ACME).await;
+    let dead = AttemptOutcome::Dead {
+        reason: crate::retry_policy::DeadReason::HttpStatus,
+    };
+    record(&f.store, "evt_dead", &ep, "acme", 1, dead).await;
+    let id = crate::id::DeliveryId::derive(
+        &crate::id::EventId::parse("evt_dead").unwrap(),
+        &EndpointId::parse(&ep).unwrap(),
+    );
+    let uri = format!("/v1/deliveries/{id}/replay");
+    let replayer = Arc::new(FakeReplayer::default());
+    let app = router(f.state.clone().with_replayer(replayer.clone()));
+    // A replay republished it; its attempt is not logged yet, so the log still shows it dead.
+    let mark = crate::storage::ReplayMark {
+        delivery_id: id.clone(),
+        replay_id: "rpl_earlier".into(),
+        at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_100),
+    };
+    f.store.record_replay_mark(&mark).await.unwrap();
+    let a = call(&app, Method::POST, &uri, ACME, None).await;
+    assert_error(
+        &a,
+        StatusCode::CONFLICT,
+        "conflict",
+        "was replayed at 2027-01-15T08:01:40.000Z (replay rpl_earlier) and that replay's \
+         attempt is not logged yet",
+    );
+    assert!(replayer.asked.lock().unwrap().is_empty());
+    // An attempt of another replay does not settle this one.
+    let mut other = crate::storage::conformance::attempt_row("evt_dead", &ep, 1);
+    other.started_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_050);
+    other.replay_id = Some("rpl_older".into());
+    other.outcome = dead;
+    f.store.record_attempt(&other).await.unwrap();
+    let a = call(&app, Method::POST, &uri, ACME, None).await;
+    assert_error(&a, StatusCode::CONFLICT, "conflict", "rpl_earlier");
+    // Its attempt came and it died again: it replays.
+    let mut again = crate::storage::conformance::attempt_row("evt_dead", &ep, 1);
+    again.started_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_101);
+    again.replay_id = Some("rpl_earlier".into());
+    again.outcome = dead;
+    f.store.record_attempt(&again).await.unwrap();
+    let a = call(&app, Method::POST, &uri, ACME, None).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.text);
+    assert_eq!(replayer.asked.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn operators_read_the_replay_audit_trail_newest_first() {
     let f = fixture();
     for (i, actor) in ["oncall", "alice (with tenant acme's API token)"]

@@ -14,7 +14,9 @@ use super::{
 };
 use crate::id::EndpointId;
 use crate::record::DeliveryRecord;
-use crate::storage::{DeliveryState, DeliveryStatus, DeliveryStore, ReplayAudit};
+use crate::storage::{
+    DeliveryState, DeliveryStatus, DeliveryStore, ReplayAudit, ReplayMark, StoreError,
+};
 use crate::telemetry;
 
 /// Where a dead letter's DLQ record is looked for, from its delivery's last attempt: a little
@@ -89,6 +91,42 @@ pub async fn locate(
     }
 }
 
+/// Whether a delivery may be replayed now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Standing {
+    /// Dead, and no replay of it is on its way: replaying it sends it again.
+    Dead,
+    /// Dead in the attempt log, but the replay `0` names republished it and no attempt of that
+    /// replay is logged yet: it is on its way, and replaying it again would send it twice.
+    OnItsWay(ReplayMark),
+    /// Not dead: delivered, being retried, or not attempted yet.
+    NotDead(DeliveryStatus),
+}
+
+/// Where `delivery` stands for a replay: dead in the attempt log, and then whether its latest
+/// replay (its [`ReplayMark`]) has had an attempt logged. Clock-free: a replay is settled by
+/// an attempt that carries its id, whenever either was written.
+pub async fn standing(
+    store: &dyn DeliveryStore,
+    delivery: &DeliveryState,
+) -> Result<Standing, StoreError> {
+    if delivery.status != DeliveryStatus::Dead {
+        return Ok(Standing::NotDead(delivery.status));
+    }
+    let Some(mark) = store.replay_mark(&delivery.delivery_id).await? else {
+        return Ok(Standing::Dead);
+    };
+    let attempts = store.attempts(&delivery.delivery_id).await?;
+    let settled = attempts
+        .iter()
+        .any(|a| a.replay_id.as_deref() == Some(mark.replay_id.as_str()));
+    Ok(if settled {
+        Standing::Dead
+    } else {
+        Standing::OnItsWay(mark)
+    })
+}
+
 /// What [`replay_delivery`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryReplay {
@@ -157,7 +195,8 @@ pub struct EndpointReplay {
     /// Deliveries republished.
     pub replayed: u64,
     /// The endpoint's dead letters in range whose delivery is no longer dead (replayed since,
-    /// and delivered or being retried), or was already replayed by this request; left alone.
+    /// and delivered or being retried), is on its way from an earlier replay whose attempt is
+    /// not logged yet, or was already replayed by this request; left alone.
     pub skipped: u64,
     /// `None` when the whole range was read; else where a later request resumes: every dead
     /// letter written before it was covered.
@@ -167,12 +206,11 @@ pub struct EndpointReplay {
 }
 
 /// Replays every dead delivery of one endpoint whose dead letter was written within
-/// `since..=until`: each delivery once, and only while the attempt log still shows it dead, so
-/// one replayed since (through the API or `hookline replay`) and delivered is not sent again.
-/// Reads for at most [`ENDPOINT_SCAN_LIMIT`]; what it did not reach is given as
-/// `resume_since`. One audit entry covers what it republished. A record that was republished
-/// but whose attempt is not logged yet still reads as dead: a second request covering it sends
-/// it twice, with the same `webhook-id`.
+/// `since..=until`: each delivery once, and only while it is [`Standing::Dead`], so one
+/// replayed since (through the API or `hookline replay`) that was delivered, is being retried,
+/// or is still on its way to its first attempt is not sent again. Reads for at most
+/// [`ENDPOINT_SCAN_LIMIT`]; what it did not reach is given as `resume_since`. One audit entry
+/// covers what it republished.
 pub async fn replay_endpoint(
     target: &ReplayTarget,
     store: &dyn DeliveryStore,
@@ -228,19 +266,24 @@ pub async fn replay_endpoint(
             let at = msg.timestamp().to_millis().unwrap_or(i64::MAX);
             millis_time(scan.resume_from().min(at))
         };
-        let dead = match store.delivery(&record.delivery_id).await {
-            Ok(state) => state.is_some_and(|d| d.status == DeliveryStatus::Dead),
+        let stands = match store.delivery(&record.delivery_id).await {
+            Ok(Some(state)) => standing(store, &state).await,
+            Ok(None) => Ok(Standing::NotDead(DeliveryStatus::Pending)),
+            Err(e) => Err(e),
+        };
+        match stands {
+            Ok(Standing::Dead) => {}
+            Ok(Standing::OnItsWay(_) | Standing::NotDead(_)) => {
+                done.skipped += 1;
+                continue;
+            }
             Err(e) => {
                 done.resume_since = Some(here());
                 break Some(format!("the attempt log did not answer: {e}"));
             }
-        };
-        if !dead {
-            done.skipped += 1;
-            continue;
         }
         if !republisher
-            .republish(record, &replay_id, API_PUBLISH_DEADLINE)
+            .republish(record, &replay_id, API_PUBLISH_DEADLINE, store)
             .await
         {
             done.resume_since = Some(here());

@@ -20,7 +20,7 @@ use crate::id::EndpointId;
 use crate::kafka::{client_config, producer_config};
 use crate::record::DeliveryRecord;
 use crate::stage::produce_until_acked;
-use crate::storage::{DeliveryStore, ReplayAudit, StoreError};
+use crate::storage::{DeliveryStore, ReplayAudit, ReplayMark, StoreError};
 use crate::telemetry;
 
 mod api;
@@ -28,7 +28,8 @@ mod scan;
 
 pub use api::{
     ApiReplayer, DeliveryReplay, DlqPosition, ENDPOINT_SCAN_LIMIT, EndpointReplay,
-    EndpointReplayRequest, KafkaReplayer, LOCATE_LIMIT, locate, replay_delivery, replay_endpoint,
+    EndpointReplayRequest, KafkaReplayer, LOCATE_LIMIT, Standing, locate, replay_delivery,
+    replay_endpoint, standing,
 };
 
 /// What to replay.
@@ -757,7 +758,7 @@ impl Checked<'_> {
                 continue;
             }
             if !republisher
-                .republish(record, &replay_id, publish_deadline)
+                .republish(record, &replay_id, publish_deadline, store)
                 .await
             {
                 // Not republished: a resumed replay starts with it.
@@ -830,15 +831,40 @@ impl Republisher {
     }
 
     /// Republishes `record` as replay `replay_id` (a fresh window); whether the deliveries
-    /// topic acknowledged it within `deadline`.
-    async fn republish(&self, record: DeliveryRecord, replay_id: &str, deadline: Duration) -> bool {
+    /// topic acknowledged it within `deadline`. Once it did, notes the replay in `store`
+    /// ([`ReplayMark`]) so that another replay leaves the delivery alone until this one's
+    /// attempt is logged. A mark the store does not take is logged and counted, not fatal:
+    /// the record is on its way all the same, and the worst it leads to is a second replay
+    /// sending it twice, with the same `webhook-id`.
+    async fn republish(
+        &self,
+        record: DeliveryRecord,
+        replay_id: &str,
+        deadline: Duration,
+        store: &dyn DeliveryStore,
+    ) -> bool {
+        let delivery_id = record.delivery_id.clone();
         let out = outgoing(self.deliveries.clone(), &record.for_replay(replay_id));
         let sent = tokio::time::timeout(
             deadline,
             produce_until_acked(&self.producer, out, &self.never),
         )
         .await;
-        matches!(sent, Ok(true))
+        if !matches!(sent, Ok(true)) {
+            return false;
+        }
+        let mark = ReplayMark {
+            delivery_id,
+            replay_id: replay_id.to_owned(),
+            at: SystemTime::now(),
+        };
+        if let Err(error) = store.record_replay_mark(&mark).await {
+            telemetry::replay_mark_failed();
+            tracing::warn!(delivery = %mark.delivery_id, replay_id, %error,
+                "replayed, but the store did not take the replay's mark: a second replay before \
+                 this one's attempt is logged would send the delivery again");
+        }
+        true
     }
 }
 

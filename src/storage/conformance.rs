@@ -4,7 +4,10 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{AttemptOutcome, AttemptRow, DeliveryStatus, DeliveryStore, HistoryQuery, ReplayAudit};
+use super::{
+    AttemptOutcome, AttemptRow, DeliveryStatus, DeliveryStore, HistoryQuery, ReplayAudit,
+    ReplayMark,
+};
 use crate::attempt::ErrorClass;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
 use crate::retry_policy::DeadReason;
@@ -44,6 +47,7 @@ pub async fn run<S: DeliveryStore + ?Sized>(store: &S) {
     history_filters(store).await;
     event_fan_out_listing(store).await;
     replay_audit(store).await;
+    replay_marks(store).await;
 }
 
 async fn attempts_round_trip<S: DeliveryStore + ?Sized>(store: &S) {
@@ -328,4 +332,41 @@ async fn replay_audit<S: DeliveryStore + ?Sized>(store: &S) {
         .expect("replay audit is listed");
     assert_eq!(found.actor, audit.actor);
     assert_eq!(found.count, 10);
+}
+
+async fn replay_marks<S: DeliveryStore + ?Sized>(store: &S) {
+    let row = attempt_row(&unique("evt"), &unique("ep"), 1);
+    store.record_attempt(&row).await.unwrap();
+    let id = &row.delivery_id;
+    assert_eq!(
+        store.replay_mark(id).await.unwrap(),
+        None,
+        "no mark before a replay"
+    );
+    let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_800_000_000_123);
+    let first = ReplayMark {
+        delivery_id: id.clone(),
+        replay_id: unique("rpl"),
+        at,
+    };
+    store.record_replay_mark(&first).await.unwrap();
+    assert_eq!(store.replay_mark(id).await.unwrap(), Some(first.clone()));
+    let second = ReplayMark {
+        replay_id: unique("rpl"),
+        at: at + Duration::from_secs(60),
+        ..first.clone()
+    };
+    store.record_replay_mark(&second).await.unwrap();
+    assert_eq!(
+        store.replay_mark(id).await.unwrap(),
+        Some(second),
+        "a later replay's mark replaces the earlier one"
+    );
+    let other = attempt_row(&unique("evt"), &unique("ep"), 1);
+    store.record_attempt(&other).await.unwrap();
+    assert_eq!(
+        store.replay_mark(&other.delivery_id).await.unwrap(),
+        None,
+        "a mark belongs to its delivery alone"
+    );
 }

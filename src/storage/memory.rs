@@ -15,7 +15,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use super::{
-    AttemptRow, DeliveryState, DeliveryStore, HistoryQuery, MAX_PAGE, Page, ReplayAudit, StoreError,
+    AttemptRow, DeliveryState, DeliveryStore, HistoryQuery, MAX_PAGE, Page, ReplayAudit,
+    ReplayMark, StoreError,
 };
 use crate::id::{DeliveryId, EndpointId, EventId};
 
@@ -27,10 +28,11 @@ type HistoryKey = (u128, DeliveryId);
 type Hasher = foldhash::fast::RandomState;
 type Table<K, V> = HashMap<K, V, Hasher>;
 
-/// One delivery: its state and its attempts, oldest first.
+/// One delivery: its state, its attempts, oldest first, and its latest replay mark.
 struct Entry {
     state: DeliveryState,
     attempts: Vec<AttemptRow>,
+    mark: Option<ReplayMark>,
 }
 
 struct Inner {
@@ -155,6 +157,7 @@ impl DeliveryStore for MemoryStore {
                 Box::new(Entry {
                     state,
                     attempts: vec![row.clone()],
+                    mark: None,
                 }),
             );
             return Ok(());
@@ -280,6 +283,20 @@ impl DeliveryStore for MemoryStore {
             .take(limit as usize)
             .cloned()
             .collect())
+    }
+
+    /// Kept with its delivery, and forgotten with it: a mark of a delivery this store does
+    /// not hold (never logged, or forgotten for capacity) is dropped, since nothing could be
+    /// replayed through the admin API without its state anyway.
+    async fn record_replay_mark(&self, mark: &ReplayMark) -> Result<(), StoreError> {
+        if let Some(entry) = self.lock().deliveries.get_mut(&mark.delivery_id) {
+            entry.mark = Some(mark.clone());
+        }
+        Ok(())
+    }
+
+    async fn replay_mark(&self, id: &DeliveryId) -> Result<Option<ReplayMark>, StoreError> {
+        Ok(self.lock().deliveries.get(id).and_then(|e| e.mark.clone()))
     }
 }
 

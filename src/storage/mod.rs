@@ -151,6 +151,20 @@ pub struct ReplayAudit {
     pub dry_run: bool,
 }
 
+/// The latest replay that republished a delivery. A replay notes it once the deliveries topic has
+/// the record, so that a second replay asked for before that record's first attempt is logged
+/// (the attempt log still shows the delivery dead) can tell that it is already on its way and
+/// does not send it twice. It is settled once an attempt carrying its `replay_id` is logged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayMark {
+    /// The delivery republished.
+    pub delivery_id: DeliveryId,
+    /// The replay that republished it.
+    pub replay_id: String,
+    /// When.
+    pub at: SystemTime,
+}
+
 /// A history page request: newest first, `cursor` from the previous page.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HistoryQuery {
@@ -212,6 +226,11 @@ pub trait DeliveryStore: Send + Sync + 'static {
     async fn record_replay(&self, audit: &ReplayAudit) -> Result<(), StoreError>;
     /// The most recent replays, newest first.
     async fn replays(&self, limit: u32) -> Result<Vec<ReplayAudit>, StoreError>;
+    /// Notes that a replay republished a delivery; a later mark of the same delivery replaces
+    /// it.
+    async fn record_replay_mark(&self, mark: &ReplayMark) -> Result<(), StoreError>;
+    /// A delivery's latest replay mark, if any is kept.
+    async fn replay_mark(&self, id: &DeliveryId) -> Result<Option<ReplayMark>, StoreError>;
 }
 
 impl DeliveryState {

@@ -257,7 +257,7 @@ async fn tls_checks_the_nodes_certificate_and_shows_hookline_s_own() {
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success() && stdout.contains("at schema version 2"),
+            out.status.success() && stdout.contains("at schema version 3"),
             "{stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );
@@ -359,16 +359,19 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
         .await
         .run(|c| async move {
             let first = c.migrate().await;
-            assert_eq!(first.applied, [(1, "initial"), (2, "history_buckets")]);
-            assert_eq!(first.version, 2);
+            assert_eq!(
+                first.applied,
+                [(1, "initial"), (2, "history_buckets"), (3, "replay_marks")]
+            );
+            assert_eq!(first.version, 3);
             let second = c.migrate().await;
             assert!(second.applied.is_empty(), "second run applies nothing");
-            assert_eq!(second.version, 2);
+            assert_eq!(second.version, 3);
             let ks = &c.config.keyspace;
             let recorded = hookline::migrate::applied_versions(&c.session, ks)
                 .await
                 .unwrap();
-            assert_eq!(recorded.len(), 2);
+            assert_eq!(recorded.len(), 3);
             for (recorded, m) in recorded.iter().zip(MIGRATIONS) {
                 assert_eq!(recorded.checksum, hookline::migrate::checksum(m.cql));
             }
@@ -392,7 +395,7 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     err,
                     MigrateError::NewerSchema {
                         database: 999,
-                        binary: 2,
+                        binary: 3,
                         ..
                     }
                 ),
@@ -415,7 +418,7 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
                 err,
                 ScyllaError::SchemaBehind {
                     found: 0,
-                    needed: 2,
+                    needed: 3,
                     ..
                 }
             ));
@@ -425,7 +428,7 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
 }
 
 /// A keyspace a release with schema version 1 migrated: this binary refuses it until
-/// `hookline migrate` adds version 2, which leaves version 1's tables in place.
+/// `hookline migrate` adds versions 2 and 3, which leave version 1's tables in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_keyspace_is_refused_until_upgraded() {
     cql()
@@ -445,15 +448,18 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
                     err,
                     ScyllaError::SchemaBehind {
                         found: 1,
-                        needed: 2,
+                        needed: 3,
                         ..
                     }
                 ),
                 "{err}"
             );
             let upgrade = c.migrate().await;
-            assert_eq!(upgrade.applied, [(2, "history_buckets")]);
-            assert_eq!(upgrade.version, 2);
+            assert_eq!(
+                upgrade.applied,
+                [(2, "history_buckets"), (3, "replay_marks")]
+            );
+            assert_eq!(upgrade.version, 3);
             c.store().await;
             // Version 1's tables stay (their rows expire with their TTL).
             for table in [
@@ -502,11 +508,12 @@ async fn the_migrate_command_applies_once() {
         );
         assert!(stdout.contains("applied 001_initial"), "{stdout}");
         assert!(stdout.contains("applied 002_history_buckets"), "{stdout}");
+        assert!(stdout.contains("applied 003_replay_marks"), "{stdout}");
         let second = run();
         let stdout = String::from_utf8_lossy(&second.stdout);
         assert!(second.status.success());
         assert!(stdout.contains("nothing to apply"), "{stdout}");
-        assert!(stdout.contains("at schema version 2"), "{stdout}");
+        assert!(stdout.contains("at schema version 3"), "{stdout}");
     })
     .await;
 }

@@ -95,7 +95,7 @@ use row::{BucketKey, BucketKind, bucket_of, from_cql, to_cql};
 
 use super::{
     AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, DeliveryStore, HistoryQuery,
-    MAX_PAGE, Page, ReplayAudit, StoreError,
+    MAX_PAGE, Page, ReplayAudit, ReplayMark, StoreError,
 };
 use crate::attempt::ErrorClass;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
@@ -299,6 +299,8 @@ struct Statements {
     select_history_before: PreparedStatement,
     select_by_event: PreparedStatement,
     select_recent_replays: PreparedStatement,
+    insert_replay_mark: PreparedStatement,
+    select_replay_mark: PreparedStatement,
     select_dead: PreparedStatement,
     select_dead_before: PreparedStatement,
 }
@@ -358,6 +360,15 @@ impl Statements {
                 "INSERT INTO {ks}.recent_replays (feed, at, replay_id, actor, reason, scope, \
                  count, dry_run) VALUES (:feed, :at, :replay_id, :actor, :reason, :scope, \
                  :count, :dry_run) USING TTL :ttl"
+            ))
+            .await?,
+            insert_replay_mark: p(format!(
+                "INSERT INTO {ks}.replay_marks (delivery_id, replay_id, at) \
+                 VALUES (:delivery_id, :replay_id, :at) USING TTL :ttl"
+            ))
+            .await?,
+            select_replay_mark: p(format!(
+                "SELECT replay_id, at FROM {ks}.replay_marks WHERE delivery_id = ?"
             ))
             .await?,
             select_attempts: p(format!(
@@ -606,6 +617,14 @@ struct ReplayValues<'a> {
 }
 
 #[derive(SerializeRow)]
+struct ReplayMarkValues<'a> {
+    delivery_id: &'a str,
+    replay_id: &'a str,
+    at: CqlTimestamp,
+    ttl: i32,
+}
+
+#[derive(SerializeRow)]
 struct RecentReplayValues<'a> {
     feed: &'static str,
     replay_id: &'a str,
@@ -664,6 +683,12 @@ struct ReplayCols {
     scope: Option<String>,
     count: Option<i64>,
     dry_run: Option<bool>,
+}
+
+#[derive(DeserializeRow)]
+struct ReplayMarkCols {
+    replay_id: String,
+    at: CqlTimestamp,
 }
 
 #[derive(DeserializeRow)]
@@ -1553,6 +1578,38 @@ impl DeliveryStore for ScyllaStore {
             });
         }
         Ok(out)
+    }
+
+    async fn record_replay_mark(&self, mark: &ReplayMark) -> Result<(), StoreError> {
+        self.write(
+            &self.st.insert_replay_mark,
+            ReplayMarkValues {
+                delivery_id: mark.delivery_id.as_str(),
+                replay_id: &mark.replay_id,
+                at: to_cql(mark.at),
+                ttl: self.attempt_ttl,
+            },
+        )
+        .await
+    }
+
+    async fn replay_mark(&self, id: &DeliveryId) -> Result<Option<ReplayMark>, StoreError> {
+        let _permit = self.permit().await?;
+        let result = self
+            .session
+            .execute_unpaged(&self.st.select_replay_mark, (id.as_str(),))
+            .await
+            .map_err(exec_error)?;
+        let rows = result.into_rows_result().map_err(backend_error)?;
+        let mark = rows
+            .maybe_first_row::<ReplayMarkCols>()
+            .map_err(backend_error)?
+            .map(|r| ReplayMark {
+                delivery_id: id.clone(),
+                replay_id: r.replay_id,
+                at: from_cql(r.at),
+            });
+        Ok(mark)
     }
 }
 

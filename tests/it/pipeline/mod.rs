@@ -4,7 +4,7 @@
 pub(crate) mod harness;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use hookline::config::Config;
@@ -21,6 +21,8 @@ pub use harness::verify as verify_request;
 use harness::{On, Pipeline, dead_record, test_config, verify};
 
 const WAIT: Duration = Duration::from_secs(60);
+/// How long the receiver holds its answer to a replayed request in the admin API replay test.
+const HELD: Duration = Duration::from_secs(3);
 
 /// N events x M endpoints: every pair delivered, signed, with the event id as webhook-id and the
 /// body built once in the documented shape.
@@ -1393,11 +1395,34 @@ macro_rules! on_both {
 /// rest of the endpoint's since the test began. Each is sent again once, with the same
 /// webhook-id and the replay id in a header; the one replayed by id, delivered since, is left
 /// alone by the range, and another endpoint's dead letter in the same DLQ is not touched. Both
-/// replays are audited under the tenant's token, and replaying a delivered one is refused.
+/// replays are audited under the tenant's token. Replaying the first again is refused while
+/// its replay is on its way (the receiver holds that answer, so the attempt log still shows it
+/// dead), and once it was delivered.
 async fn dead_deliveries_replay_through_the_admin_api(on: On) {
-    let p = Pipeline::start(on, test_config(on)).await;
+    let mut config = test_config(on);
+    // Room for the held answer below.
+    config.http.total_timeout = Duration::from_secs(15);
+    let p = Pipeline::start(on, config).await;
     let began = SystemTime::now() - Duration::from_secs(1);
-    let (r, fixed) = fixable_receiver().await;
+    let fixed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = Receiver::start({
+        let fixed = fixed.clone();
+        move |req| {
+            if !fixed.load(std::sync::atomic::Ordering::SeqCst) {
+                Reply::status(404)
+            } else if req.header("hookline-replay-id").is_some()
+                && req.header("webhook-id") == Some("evt_api_replay")
+            {
+                Reply {
+                    delay: HELD,
+                    ..Reply::status(200)
+                }
+            } else {
+                Reply::status(200)
+            }
+        }
+    })
+    .await;
     let other = Receiver::fixed(Reply::status(404)).await;
     let (endpoint, secret) = p.endpoint("acme", &r.url("/"), &["t"]).await;
     p.endpoint("acme", &other.url("/"), &["u"]).await;
@@ -1439,8 +1464,23 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
     );
     let one = answer["replay_id"].as_str().unwrap().to_owned();
     let got = r.wait_for(4, WAIT).await;
+    let held = Instant::now();
     assert_eq!(got[3].header("hookline-replay-id"), Some(one.as_str()));
     assert_eq!(verify(&got[3], &secret), "evt_api_replay");
+    let wanted_uri = format!("/v1/deliveries/{wanted}/replay");
+    let replay_wanted_again = || api_post(&api, ACME_TOKEN, &wanted_uri, "");
+    let (status, answer) = replay_wanted_again().await;
+    assert!(
+        held.elapsed() < HELD,
+        "the receiver still held the replayed request's answer"
+    );
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["detail"].as_str().unwrap().contains(&format!(
+            "(replay {one}) and that replay's attempt is not logged yet"
+        )),
+        "{answer}"
+    );
     let store = p.handles.store.clone();
     let state = |id: hookline::id::DeliveryId| {
         let store = store.clone();
@@ -1459,13 +1499,7 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
         succeeded,
     )
     .await;
-    let (status, answer) = api_post(
-        &api,
-        ACME_TOKEN,
-        &format!("/v1/deliveries/{wanted}/replay"),
-        "",
-    )
-    .await;
+    let (status, answer) = replay_wanted_again().await;
     assert_eq!(status, 409, "{answer}");
     assert!(
         answer["detail"].as_str().unwrap().contains("is succeeded"),
