@@ -1057,6 +1057,14 @@ async fn recent_ids_are_bounded_in_count_and_age() {
     assert_eq!(recent.len(), 1);
 }
 
+/// The id of the delivery of `event` to endpoint `ep`.
+fn delivery_id(event: &str, ep: &str) -> crate::id::DeliveryId {
+    crate::id::DeliveryId::derive(
+        &crate::id::EventId::parse(event).unwrap(),
+        &EndpointId::parse(ep).unwrap(),
+    )
+}
+
 async fn record(
     store: &MemoryStore,
     event: &str,
@@ -1168,10 +1176,7 @@ async fn history_pages_newest_first_and_scopes_by_tenant() {
         assert_error(&a, StatusCode::UNPROCESSABLE_ENTITY, "invalid", needle);
     }
     // One delivery with every attempt.
-    let dlv = crate::id::DeliveryId::derive(
-        &crate::id::EventId::parse("evt_9").unwrap(),
-        &EndpointId::parse(&ep).unwrap(),
-    );
+    let dlv = delivery_id("evt_9", &ep);
     let d = call(
         &f.app,
         Method::GET,
@@ -1916,14 +1921,8 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
         AttemptOutcome::Succeeded,
     )
     .await;
-    let dead_id = crate::id::DeliveryId::derive(
-        &crate::id::EventId::parse("evt_dead").unwrap(),
-        &EndpointId::parse(&ep).unwrap(),
-    );
-    let done_id = crate::id::DeliveryId::derive(
-        &crate::id::EventId::parse("evt_done").unwrap(),
-        &EndpointId::parse(&ep).unwrap(),
-    );
+    let dead_id = delivery_id("evt_dead", &ep);
+    let done_id = delivery_id("evt_done", &ep);
     let uri = |id: &crate::id::DeliveryId| format!("/v1/deliveries/{id}/replay");
 
     // A process without a replayer says so.
@@ -2027,10 +2026,7 @@ async fn a_delivery_on_its_way_from_a_replay_is_not_replayed_again() {
         reason: crate::retry_policy::DeadReason::HttpStatus,
     };
     record(&f.store, "evt_dead", &ep, "acme", 1, dead).await;
-    let id = crate::id::DeliveryId::derive(
-        &crate::id::EventId::parse("evt_dead").unwrap(),
-        &EndpointId::parse(&ep).unwrap(),
-    );
+    let id = delivery_id("evt_dead", &ep);
     let uri = format!("/v1/deliveries/{id}/replay");
     let replayer = Arc::new(FakeReplayer::default());
     let app = router(f.state.clone().with_replayer(replayer.clone()));

@@ -266,14 +266,14 @@ pub async fn replay_endpoint(
             let at = msg.timestamp().to_millis().unwrap_or(i64::MAX);
             millis_time(scan.resume_from().min(at))
         };
-        let stands = match store.delivery(&record.delivery_id).await {
-            Ok(Some(state)) => standing(store, &state).await,
-            Ok(None) => Ok(Standing::NotDead(DeliveryStatus::Pending)),
+        let dead = match store.delivery(&record.delivery_id).await {
+            Ok(Some(state)) => standing(store, &state).await.map(|s| s == Standing::Dead),
+            Ok(None) => Ok(false),
             Err(e) => Err(e),
         };
-        match stands {
-            Ok(Standing::Dead) => {}
-            Ok(Standing::OnItsWay(_) | Standing::NotDead(_)) => {
+        match dead {
+            Ok(true) => {}
+            Ok(false) => {
                 done.skipped += 1;
                 continue;
             }
