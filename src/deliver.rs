@@ -1397,8 +1397,8 @@ mod tests {
     use crate::input::EventType;
     use crate::registry::MemoryEndpointStore;
     use crate::sealed::MasterKey;
+    use crate::storage::hooked::{Hooked, Hooks};
     use crate::storage::memory::MemoryStore;
-    use crate::storage::{DeliveryState, HistoryQuery, Page, ReplayAudit, ReplayMark, StoreError};
 
     /// What goes wrong in a [`FaultyStore`]'s `record_attempt`.
     enum Fault {
@@ -1408,64 +1408,24 @@ mod tests {
         Panic(EventId),
     }
 
-    /// A memory store whose `record_attempt` suffers `fault`.
-    struct FaultyStore {
-        inner: MemoryStore,
-        fault: Fault,
-    }
-
-    impl FaultyStore {
-        fn new(fault: Fault) -> Arc<FaultyStore> {
-            Arc::new(FaultyStore {
-                inner: MemoryStore::with_capacity(16),
-                fault,
-            })
-        }
-    }
+    /// A memory store whose `record_attempt` suffers a [`Fault`].
+    type FaultyStore = Hooked<Fault>;
 
     #[async_trait]
-    impl DeliveryStore for FaultyStore {
-        async fn record_attempt(&self, row: &AttemptRow) -> Result<(), StoreError> {
-            match &self.fault {
+    impl Hooks for Fault {
+        async fn before_record_attempt(&self, row: &AttemptRow) {
+            match self {
                 Fault::Gate(gate) => gate.acquire().await.expect("gate open").forget(),
                 Fault::Panic(id) if *id == row.event_id => {
                     panic!("injected: the store broke on {id}")
                 }
                 Fault::Panic(_) => {}
             }
-            self.inner.record_attempt(row).await
         }
-        async fn delivery(&self, id: &DeliveryId) -> Result<Option<DeliveryState>, StoreError> {
-            self.inner.delivery(id).await
-        }
-        async fn attempts(&self, id: &DeliveryId) -> Result<Vec<AttemptRow>, StoreError> {
-            self.inner.attempts(id).await
-        }
-        async fn endpoint_deliveries(
-            &self,
-            endpoint: &EndpointId,
-            query: &HistoryQuery,
-        ) -> Result<Page<DeliveryState>, StoreError> {
-            self.inner.endpoint_deliveries(endpoint, query).await
-        }
-        async fn event_deliveries(
-            &self,
-            event: &EventId,
-        ) -> Result<Vec<DeliveryState>, StoreError> {
-            self.inner.event_deliveries(event).await
-        }
-        async fn record_replay(&self, audit: &ReplayAudit) -> Result<(), StoreError> {
-            self.inner.record_replay(audit).await
-        }
-        async fn replays(&self, limit: u32) -> Result<Vec<ReplayAudit>, StoreError> {
-            self.inner.replays(limit).await
-        }
-        async fn record_replay_mark(&self, mark: &ReplayMark) -> Result<(), StoreError> {
-            self.inner.record_replay_mark(mark).await
-        }
-        async fn replay_mark(&self, id: &DeliveryId) -> Result<Option<ReplayMark>, StoreError> {
-            self.inner.replay_mark(id).await
-        }
+    }
+
+    fn faulty_store(fault: Fault) -> Arc<FaultyStore> {
+        Arc::new(Hooked::new(fault, 16))
     }
 
     #[test]
@@ -1625,7 +1585,7 @@ mod tests {
     #[tokio::test]
     async fn the_lane_slot_is_given_back_before_the_attempt_is_logged() {
         let (url, hits) = receiver().await;
-        let store = FaultyStore::new(Fault::Gate(Semaphore::new(0)));
+        let store = faulty_store(Fault::Gate(Semaphore::new(0)));
         let (endpoint, deps) = one_at_a_time(url, store.clone()).await;
         let record = delivery_for(&endpoint.id, "evt_1");
         let delivery = record.delivery_id.clone();
@@ -1655,7 +1615,7 @@ mod tests {
             "not settled before its row is logged"
         );
 
-        let Fault::Gate(gate) = &store.fault else {
+        let Fault::Gate(gate) = &store.hooks else {
             unreachable!("a gated store")
         };
         gate.add_permits(1);
@@ -2031,7 +1991,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_panicking_attempt_parks_its_record_and_the_partition_commits_past_it() {
         let (url, hits) = receiver().await;
-        let store = FaultyStore::new(Fault::Panic(EventId::parse("evt_1").unwrap()));
+        let store = faulty_store(Fault::Panic(EventId::parse("evt_1").unwrap()));
         let (endpoint, deps) = one_at_a_time(url, store.clone()).await;
         let records = [
             delivery_for(&endpoint.id, "evt_1"),
@@ -2069,7 +2029,7 @@ mod tests {
     async fn a_panicking_dead_letter_stops_the_stage_with_its_offset_unsettled() {
         let gone = EndpointId::parse("ep_gone").unwrap();
         let record = delivery_for(&gone, "evt_1");
-        let store = FaultyStore::new(Fault::Panic(record.event_id.clone()));
+        let store = faulty_store(Fault::Panic(record.event_id.clone()));
         let (_, deps) = one_at_a_time("http://127.0.0.1:9/".into(), store).await;
         let mut rig = Rig::start(deps, &[record]).await;
 

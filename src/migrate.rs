@@ -49,10 +49,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "replay_marks",
         cql: include_str!("../schemas/cql/003_replay_marks.cql"),
     },
+    Migration {
+        version: 4,
+        name: "replay_claims",
+        cql: include_str!("../schemas/cql/004_replay_claims.cql"),
+    },
 ];
 
 /// The newest schema version this binary knows (and needs).
-pub const LATEST_VERSION: u32 = 3;
+pub const LATEST_VERSION: u32 = 4;
 
 /// A version recorded in `schema_migrations`.
 #[derive(Debug, Clone, PartialEq, Eq)]

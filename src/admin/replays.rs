@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::id::EndpointId;
 use crate::replay::{
-    ApiReplayer, EndpointReplayRequest, ReplayError, ReplayRequest, ReplaySummary, Standing,
+    ApiReplayer, EndpointReplayRequest, ReplayError, ReplayRequest, ReplaySummary, refusal,
     standing,
 };
 use crate::storage::ReplayAudit;
@@ -298,6 +298,9 @@ where
 fn replay_failed(e: ReplayError) -> ApiError {
     match e {
         gone @ ReplayError::DeadLetterGone { .. } => ApiError::Gone(gone.to_string()),
+        // Not dead after all, or another replay got to it first (checked before, and again
+        // as the replay claimed it).
+        ReplayError::Refused(why) => ApiError::Conflict(why),
         // A range the DLQ does not hold is the caller's mistake, not an outage.
         ReplayError::NoPartition {
             topic,
@@ -344,7 +347,8 @@ pub struct Replayed {
 /// window and the same `webhook-id`, through the same lanes and limits as any delivery. Its
 /// DLQ record is republished as `hookline replay` does, with an audit entry. 409 when the
 /// delivery is not dead, is on its way from an earlier replay whose attempt is not logged yet,
-/// or its endpoint cannot take it (deleted, disabled); 410 when its dead letter is past the
+/// is claimed by another replay that has not republished it yet (two requests at once: one
+/// sends it), or its endpoint cannot take it (deleted, disabled); 410 when its dead letter is past the
 /// DLQ's retention; 503 when Kafka does not answer in time.
 pub async fn replay_delivery(
     State(state): State<AdminState>,
@@ -356,22 +360,9 @@ pub async fn replay_delivery(
     let (actor, reason) = who_and_why(&caller, req.actor, req.reason)?;
     let delivery = super::deliveries::visible(&state, &caller, &raw).await?;
     let id = &delivery.delivery_id;
-    match standing(state.deliveries.as_ref(), &delivery).await? {
-        Standing::Dead => {}
-        Standing::NotDead(status) => {
-            return Err(ApiError::Conflict(format!(
-                "delivery {id} is {}: only a dead-lettered delivery can be replayed",
-                status.as_str()
-            )));
-        }
-        Standing::OnItsWay(mark) => {
-            return Err(ApiError::Conflict(format!(
-                "delivery {id} was replayed at {} (replay {}) and that replay's attempt is not \
-                 logged yet: it is on its way; replay it again once it shows dead again",
-                humantime::format_rfc3339_millis(mark.at),
-                mark.replay_id
-            )));
-        }
+    let standing = standing(state.deliveries.as_ref(), &delivery).await?;
+    if let Some(why) = refusal(id, &standing) {
+        return Err(ApiError::Conflict(why));
     }
     takes_replays(&state, &delivery.endpoint_id)?;
     let id = id.clone();
@@ -415,7 +406,8 @@ pub struct EndpointReplayed {
     /// Deliveries sent again.
     pub replayed: u64,
     /// Dead letters in range whose delivery is no longer dead (delivered or being retried
-    /// since), left alone.
+    /// since), is on its way from an earlier replay, or is claimed by another replay; left
+    /// alone.
     pub skipped: u64,
     /// Whether the whole range was covered.
     pub complete: bool,

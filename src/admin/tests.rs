@@ -2018,8 +2018,20 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_delivery_on_its_way_from_a_replay_is_not_replayed_again() {
+/// One dead delivery of tenant acme's endpoint, and the admin API with a [`FakeReplayer`]:
+/// the fixture, the endpoint, the delivery, its replay route, the replayer, the app, and the
+/// outcome it died of.
+type DeadOne = (
+    Fixture,
+    String,
+    crate::id::DeliveryId,
+    String,
+    Arc<FakeReplayer>,
+    Router,
+    AttemptOutcome,
+);
+
+async fn dead_one() -> DeadOne {
     let f = fixture();
     let ep = created_id(&f.app, ACME).await;
     let dead = AttemptOutcome::Dead {
@@ -2030,6 +2042,12 @@ async fn a_delivery_on_its_way_from_a_replay_is_not_replayed_again() {
     let uri = format!("/v1/deliveries/{id}/replay");
     let replayer = Arc::new(FakeReplayer::default());
     let app = router(f.state.clone().with_replayer(replayer.clone()));
+    (f, ep, id, uri, replayer, app, dead)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delivery_on_its_way_from_a_replay_is_not_replayed_again() {
+    let (f, ep, id, uri, replayer, app, dead) = dead_one().await;
     // A replay republished it; its attempt is not logged yet, so the log still shows it dead.
     let mark = crate::storage::ReplayMark {
         delivery_id: id.clone(),
@@ -2063,6 +2081,52 @@ async fn a_delivery_on_its_way_from_a_replay_is_not_replayed_again() {
     let a = call(&app, Method::POST, &uri, ACME, None).await;
     assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.text);
     assert_eq!(replayer.asked.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_delivery_another_replay_has_claimed_is_left_to_it() {
+    let (f, ep, id, uri, replayer, app, dead) = dead_one().await;
+    // Another replay claimed it a moment ago and has not republished it yet.
+    let claim = |replay_id: &str, at: SystemTime| crate::storage::ReplayMark {
+        delivery_id: id.clone(),
+        replay_id: replay_id.into(),
+        at,
+    };
+    let now = SystemTime::now();
+    assert!(
+        f.store
+            .claim_replay(&claim("rpl_claimed", now), None)
+            .await
+            .unwrap()
+    );
+    let a = call(&app, Method::POST, &uri, ACME, None).await;
+    assert_error(
+        &a,
+        StatusCode::CONFLICT,
+        "conflict",
+        "is being replayed by replay rpl_claimed",
+    );
+    assert!(replayer.asked.lock().unwrap().is_empty());
+    // That replay's attempt came (its mark was lost) and it died again: it replays.
+    let mut again = crate::storage::conformance::attempt_row("evt_dead", &ep, 1);
+    again.started_at = now;
+    again.replay_id = Some("rpl_claimed".into());
+    again.outcome = dead;
+    f.store.record_attempt(&again).await.unwrap();
+    let a = call(&app, Method::POST, &uri, ACME, None).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.text);
+    // A claim older than the limit, with no mark and no attempt of its replay: its process
+    // stopped before republishing, and it holds the delivery no longer.
+    let stale = now - crate::replay::CLAIM_LIMIT - Duration::from_secs(1);
+    assert!(
+        f.store
+            .claim_replay(&claim("rpl_stopped", stale), Some("rpl_claimed"))
+            .await
+            .unwrap()
+    );
+    let a = call(&app, Method::POST, &uri, ACME, None).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.text);
+    assert_eq!(replayer.asked.lock().unwrap().len(), 2);
 }
 
 #[tokio::test(start_paused = true)]

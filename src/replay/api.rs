@@ -12,7 +12,7 @@ use super::{
     ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, Republisher, check, new_replay_id,
     record_audit,
 };
-use crate::id::EndpointId;
+use crate::id::{DeliveryId, EndpointId};
 use crate::record::DeliveryRecord;
 use crate::storage::{
     DeliveryState, DeliveryStatus, DeliveryStore, ReplayAudit, ReplayMark, StoreError,
@@ -91,6 +91,15 @@ pub async fn locate(
     }
 }
 
+/// How long a replay's claim on a delivery keeps other replays off it while it has not
+/// republished it. A replay through the API republishes within [`API_PUBLISH_DEADLINE`] of
+/// claiming, and then marks it; a claim this old with neither a mark nor an attempt of its
+/// replay was left by a process that stopped in between, and no longer holds the delivery.
+pub const CLAIM_LIMIT: Duration = Duration::from_secs(120);
+
+/// How many times [`claim`] reads and tries again when another replay's claim came in between.
+const CLAIM_TRIES: usize = 3;
+
 /// Whether a delivery may be replayed now.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Standing {
@@ -99,32 +108,134 @@ pub enum Standing {
     /// Dead in the attempt log, but the replay `0` names republished it and no attempt of that
     /// replay is logged yet: it is on its way, and replaying it again would send it twice.
     OnItsWay(ReplayMark),
+    /// Dead in the attempt log, and claimed less than [`CLAIM_LIMIT`] ago by the replay `0`
+    /// names, which has not republished it yet: it is about to.
+    BeingReplayed(ReplayMark),
     /// Not dead: delivered, being retried, or not attempted yet.
     NotDead(DeliveryStatus),
 }
 
 /// Where `delivery` stands for a replay: dead in the attempt log, and then whether its latest
-/// replay (its [`ReplayMark`]) has had an attempt logged. Clock-free: a replay is settled by
-/// an attempt that carries its id, whenever either was written.
+/// replay (its [`ReplayMark`]) has had an attempt logged, and whether a replay has claimed it
+/// and not republished it yet. A replay is settled by an attempt that carries its id, whenever
+/// either was written; only a claim's age is read against the clock.
 pub async fn standing(
     store: &dyn DeliveryStore,
     delivery: &DeliveryState,
 ) -> Result<Standing, StoreError> {
+    Ok(look(store, delivery).await?.0)
+}
+
+/// [`standing`], and the delivery's latest claim, which a replay of a [`Standing::Dead`]
+/// delivery claims it over.
+async fn look(
+    store: &dyn DeliveryStore,
+    delivery: &DeliveryState,
+) -> Result<(Standing, Option<ReplayMark>), StoreError> {
     if delivery.status != DeliveryStatus::Dead {
-        return Ok(Standing::NotDead(delivery.status));
+        return Ok((Standing::NotDead(delivery.status), None));
     }
-    let Some(mark) = store.replay_mark(&delivery.delivery_id).await? else {
-        return Ok(Standing::Dead);
+    let id = &delivery.delivery_id;
+    let mark = store.replay_mark(id).await?;
+    let claim = store.replay_claim(id).await?;
+    if mark.is_none() && claim.is_none() {
+        return Ok((Standing::Dead, None));
+    }
+    let attempts = store.attempts(id).await?;
+    let carried = |replay: &ReplayMark| {
+        attempts
+            .iter()
+            .any(|a| a.replay_id.as_deref() == Some(replay.replay_id.as_str()))
     };
-    let attempts = store.attempts(&delivery.delivery_id).await?;
-    let settled = attempts
-        .iter()
-        .any(|a| a.replay_id.as_deref() == Some(mark.replay_id.as_str()));
-    Ok(if settled {
-        Standing::Dead
-    } else {
-        Standing::OnItsWay(mark)
-    })
+    if let Some(mark) = mark.as_ref().filter(|m| !carried(m)) {
+        return Ok((Standing::OnItsWay(mark.clone()), claim));
+    }
+    let marked = |c: &ReplayMark| mark.as_ref().is_some_and(|m| m.replay_id == c.replay_id);
+    let young = |c: &ReplayMark| {
+        SystemTime::now()
+            .duration_since(c.at)
+            .map_or(true, |age| age < CLAIM_LIMIT)
+    };
+    if let Some(claimed) = claim
+        .as_ref()
+        .filter(|c| !marked(c) && !carried(c) && young(c))
+    {
+        return Ok((Standing::BeingReplayed(claimed.clone()), claim));
+    }
+    Ok((Standing::Dead, claim))
+}
+
+/// Why a delivery standing so cannot be replayed now, for the caller; `None` for
+/// [`Standing::Dead`].
+pub fn refusal(id: &DeliveryId, standing: &Standing) -> Option<String> {
+    let time = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+    match standing {
+        Standing::Dead => None,
+        Standing::NotDead(status) => Some(format!(
+            "delivery {id} is {}: only a dead-lettered delivery can be replayed",
+            status.as_str()
+        )),
+        Standing::OnItsWay(mark) => Some(format!(
+            "delivery {id} was replayed at {} (replay {}) and that replay's attempt is not \
+             logged yet: it is on its way; replay it again once it shows dead again",
+            time(mark.at),
+            mark.replay_id
+        )),
+        Standing::BeingReplayed(claim) => Some(format!(
+            "delivery {id} is being replayed by replay {} (started at {}), which has not sent it \
+             on yet: replay it again once that replay's attempt shows it dead again, or after {} \
+             if that replay stops before sending it",
+            claim.replay_id,
+            time(claim.at),
+            time(claim.at + CLAIM_LIMIT)
+        )),
+    }
+}
+
+/// Claims `delivery` for replay `replay_id` ([`DeliveryStore::claim_replay`]) while it is
+/// [`Standing::Dead`]: of two replays that find it dead at the same moment, one claims it and
+/// the other is refused, so it is sent once. [`ReplayError::Refused`] when it is not dead or
+/// another replay has it; [`ReplayError::Store`] when the store does not answer.
+async fn claim(
+    store: &dyn DeliveryStore,
+    delivery: &DeliveryState,
+    replay_id: &str,
+) -> Result<(), ReplayError> {
+    let id = &delivery.delivery_id;
+    for _ in 0..CLAIM_TRIES {
+        let (standing, latest) = look(store, delivery).await.map_err(ReplayError::Store)?;
+        if let Some(why) = refusal(id, &standing) {
+            return Err(ReplayError::Refused(why));
+        }
+        let mine = ReplayMark {
+            delivery_id: id.clone(),
+            replay_id: replay_id.to_owned(),
+            at: SystemTime::now(),
+        };
+        let over = latest.as_ref().map(|c| c.replay_id.as_str());
+        if store
+            .claim_replay(&mine, over)
+            .await
+            .map_err(ReplayError::Store)?
+        {
+            return Ok(());
+        }
+    }
+    Err(ReplayError::Refused(format!(
+        "delivery {id} was claimed by {CLAIM_TRIES} other replays while this one tried to: \
+         replay it again in a moment"
+    )))
+}
+
+/// Drops replay `replay_id`'s claim on `id` when it did not republish it, so that a replay
+/// asked for next need not wait [`CLAIM_LIMIT`]; a release the store does not take is logged,
+/// and the claim lapses at that limit.
+async fn release(store: &dyn DeliveryStore, id: &DeliveryId, replay_id: &str) {
+    if let Err(error) = store.release_replay_claim(id, replay_id).await {
+        tracing::warn!(delivery = %id, replay_id, %error,
+            "a replay that did not republish a delivery could not release its claim on it; \
+             other replays of it are refused until the claim lapses");
+    }
 }
 
 /// What [`replay_delivery`] did.
@@ -136,8 +247,10 @@ pub struct DeliveryReplay {
     pub from: DlqPosition,
 }
 
-/// Replays one dead-lettered delivery: [`locate`]s its DLQ record and republishes it as a
-/// replay of that one offset does, audit entry included.
+/// Replays one dead-lettered delivery: [`locate`]s its DLQ record, [`claim`]s the delivery
+/// (refused when another replay got to it first) and republishes the record as a replay of
+/// that one offset does, audit entry included. A replay that republished nothing releases its
+/// claim.
 pub async fn replay_delivery(
     target: &ReplayTarget,
     store: &dyn DeliveryStore,
@@ -160,16 +273,26 @@ pub async fn replay_delivery(
         reason,
         dry_run: false,
     };
-    let summary = check(target, &request)
-        .await?
+    let checked = check(target, &request).await?;
+    let replay_id = new_replay_id();
+    claim(store, delivery, &replay_id).await?;
+    let ran = checked
+        .replay_id(replay_id.clone())
         .idle_limit(API_IDLE_LIMIT)
         .publish_deadline(API_PUBLISH_DEADLINE)
         .run(store, &mut |_, _| {})
-        .await?;
-    Ok(DeliveryReplay {
-        replay_id: summary.replay_id,
-        from,
-    })
+        .await;
+    let republished = match &ran {
+        Ok(summary) => summary.replayed,
+        Err(ReplayError::Incomplete(stop)) => stop.replayed,
+        Err(ReplayError::Audit { replayed, .. }) => *replayed,
+        Err(_) => 0,
+    };
+    if republished == 0 {
+        release(store, &delivery.delivery_id, &replay_id).await;
+    }
+    ran?;
+    Ok(DeliveryReplay { replay_id, from })
 }
 
 /// Which of an endpoint's dead letters [`replay_endpoint`] replays.
@@ -196,7 +319,8 @@ pub struct EndpointReplay {
     pub replayed: u64,
     /// The endpoint's dead letters in range whose delivery is no longer dead (replayed since,
     /// and delivered or being retried), is on its way from an earlier replay whose attempt is
-    /// not logged yet, or was already replayed by this request; left alone.
+    /// not logged yet, is claimed by another replay that has not republished it yet, or was
+    /// already replayed by this request; left alone.
     pub skipped: u64,
     /// `None` when the whole range was read; else where a later request resumes: every dead
     /// letter written before it was covered.
@@ -206,9 +330,10 @@ pub struct EndpointReplay {
 }
 
 /// Replays every dead delivery of one endpoint whose dead letter was written within
-/// `since..=until`: each delivery once, and only while it is [`Standing::Dead`], so one
-/// replayed since (through the API or `hookline replay`) that was delivered, is being retried,
-/// or is still on its way to its first attempt is not sent again. Reads for at most
+/// `since..=until`: each delivery once, and only while it is [`Standing::Dead`] and this
+/// replay has [`claim`]ed it, so one replayed since (through the API or `hookline replay`)
+/// that was delivered, is being retried, or is still on its way to its first attempt, and one
+/// another replay is sending at the same moment, is not sent again. Reads for at most
 /// [`ENDPOINT_SCAN_LIMIT`]; what it did not reach is given as `resume_since`. One audit entry
 /// covers what it republished.
 pub async fn replay_endpoint(
@@ -266,14 +391,9 @@ pub async fn replay_endpoint(
             let at = msg.timestamp().to_millis().unwrap_or(i64::MAX);
             millis_time(scan.resume_from().min(at))
         };
-        let dead = match store.delivery(&record.delivery_id).await {
-            Ok(Some(state)) => standing(store, &state).await.map(|s| s == Standing::Dead),
-            Ok(None) => Ok(false),
-            Err(e) => Err(e),
-        };
-        match dead {
-            Ok(true) => {}
-            Ok(false) => {
+        let state = match store.delivery(&record.delivery_id).await {
+            Ok(Some(state)) => state,
+            Ok(None) => {
                 done.skipped += 1;
                 continue;
             }
@@ -281,11 +401,23 @@ pub async fn replay_endpoint(
                 done.resume_since = Some(here());
                 break Some(format!("the attempt log did not answer: {e}"));
             }
+        };
+        match claim(store, &state, &replay_id).await {
+            Ok(()) => {}
+            Err(ReplayError::Refused(_)) => {
+                done.skipped += 1;
+                continue;
+            }
+            Err(e) => {
+                done.resume_since = Some(here());
+                break Some(e.to_string());
+            }
         }
         if !republisher
             .republish(record, &replay_id, API_PUBLISH_DEADLINE, store)
             .await
         {
+            release(store, &state.delivery_id, &replay_id).await;
             done.resume_since = Some(here());
             break Some(format!(
                 "{} did not acknowledge a record within {}s",
@@ -392,5 +524,103 @@ impl ApiReplayer for KafkaReplayer {
             .publish_deadline(API_PUBLISH_DEADLINE)
             .run(self.store.as_ref(), &mut |_, _| {})
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+    use tokio::sync::Barrier;
+
+    use super::*;
+    use crate::retry_policy::DeadReason;
+    use crate::storage::AttemptOutcome;
+    use crate::storage::conformance::attempt_row;
+    use crate::storage::hooked::{Hooked, Hooks};
+    use crate::storage::memory::MemoryStore;
+
+    /// The first two claim reads wait for each other: two replays that both found a delivery
+    /// unclaimed, then race to claim it.
+    struct Race {
+        reads: AtomicUsize,
+        both_read: Barrier,
+    }
+
+    #[async_trait]
+    impl Hooks for Race {
+        async fn after_replay_claim_read(&self) {
+            if self.reads.fetch_add(1, Ordering::SeqCst) < 2 {
+                self.both_read.wait().await;
+            }
+        }
+    }
+
+    async fn dead_delivery(store: &dyn DeliveryStore) -> DeliveryState {
+        let mut row = attempt_row("evt_race", "ep_race", 1);
+        row.outcome = AttemptOutcome::Dead {
+            reason: DeadReason::HttpStatus,
+        };
+        store.record_attempt(&row).await.unwrap();
+        store.delivery(&row.delivery_id).await.unwrap().unwrap()
+    }
+
+    #[tokio::test]
+    async fn of_two_replays_that_found_a_delivery_unclaimed_one_claims_it() {
+        let race = Race {
+            reads: AtomicUsize::new(0),
+            both_read: Barrier::new(2),
+        };
+        let store = Hooked::new(race, 16);
+        let delivery = dead_delivery(&store).await;
+        let (a, b) = tokio::join!(
+            claim(&store, &delivery, "rpl_a"),
+            claim(&store, &delivery, "rpl_b")
+        );
+        let claimed = store.replay_claim(&delivery.delivery_id).await.unwrap();
+        let winner = claimed.expect("one claimed it").replay_id;
+        let (won, lost) = if winner == "rpl_a" { (a, b) } else { (b, a) };
+        won.expect("the winner's claim");
+        match lost {
+            Err(ReplayError::Refused(why)) => assert!(
+                why.contains(&format!("is being replayed by replay {winner}")),
+                "{why}"
+            ),
+            other => panic!("the other replay is refused, not {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_released_claim_frees_the_delivery_and_a_settled_one_does_not_hold_it() {
+        let store = MemoryStore::default();
+        let delivery = dead_delivery(&store).await;
+        let id = &delivery.delivery_id;
+        claim(&store, &delivery, "rpl_a").await.unwrap();
+        assert!(matches!(
+            claim(&store, &delivery, "rpl_b").await,
+            Err(ReplayError::Refused(_))
+        ));
+        release(&store, id, "rpl_a").await;
+        claim(&store, &delivery, "rpl_b").await.unwrap();
+        // rpl_b republished it and marked it: on its way until its attempt is logged.
+        let mark = ReplayMark {
+            delivery_id: id.clone(),
+            replay_id: "rpl_b".into(),
+            at: SystemTime::now(),
+        };
+        store.record_replay_mark(&mark).await.unwrap();
+        assert_eq!(
+            standing(&store, &delivery).await.unwrap(),
+            Standing::OnItsWay(mark)
+        );
+        let mut again = attempt_row("evt_race", "ep_race", 1);
+        again.replay_id = Some("rpl_b".into());
+        again.outcome = AttemptOutcome::Dead {
+            reason: DeadReason::HttpStatus,
+        };
+        store.record_attempt(&again).await.unwrap();
+        assert_eq!(standing(&store, &delivery).await.unwrap(), Standing::Dead);
+        claim(&store, &delivery, "rpl_c").await.unwrap();
     }
 }

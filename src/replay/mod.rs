@@ -27,8 +27,8 @@ mod api;
 mod scan;
 
 pub use api::{
-    ApiReplayer, DeliveryReplay, DlqPosition, ENDPOINT_SCAN_LIMIT, EndpointReplay,
-    EndpointReplayRequest, KafkaReplayer, LOCATE_LIMIT, Standing, locate, replay_delivery,
+    ApiReplayer, CLAIM_LIMIT, DeliveryReplay, DlqPosition, ENDPOINT_SCAN_LIMIT, EndpointReplay,
+    EndpointReplayRequest, KafkaReplayer, LOCATE_LIMIT, Standing, locate, refusal, replay_delivery,
     replay_endpoint, standing,
 };
 
@@ -226,6 +226,14 @@ pub enum ReplayError {
     /// record was not acknowledged); what it republished up to there is in its audit entry.
     #[error(transparent)]
     Incomplete(Box<Incomplete>),
+    /// The delivery cannot be replayed now: it is not dead, or another replay is sending it
+    /// (the message says which, and when to ask again).
+    #[error("{0}")]
+    Refused(String),
+    /// The attempt log did not answer while replay checked or claimed a delivery; nothing was
+    /// republished.
+    #[error("the attempt log did not answer, so nothing was replayed: {0}")]
+    Store(StoreError),
     /// The audit entry could not be written (the records were republished).
     #[error(
         "replay {replay_id} republished {replayed} records but its audit entry failed: {source}"
@@ -578,6 +586,8 @@ pub struct Checked<'a> {
     idle_limit: Duration,
     /// See [`Checked::publish_deadline`].
     publish_deadline: Duration,
+    /// See [`Checked::replay_id`].
+    replay_id: Option<String>,
 }
 
 /// Checks `request` locally ([`ReplayRequest::validate`]), then with the brokers: the DLQ topic
@@ -625,6 +635,7 @@ pub async fn check<'a>(
         total,
         idle_limit: IDLE_LIMIT,
         publish_deadline: PUBLISH_DEADLINE,
+        replay_id: None,
     })
 }
 
@@ -659,6 +670,13 @@ impl Checked<'_> {
         self
     }
 
+    /// Sets the replay's id, one the caller made with [`new_replay_id`] (and claimed its
+    /// delivery with); a fresh one unless set.
+    pub fn replay_id(mut self, replay_id: String) -> Self {
+        self.replay_id = Some(replay_id);
+        self
+    }
+
     /// Republishes the checked range (unless a dry run) and records the audit entry in `store`.
     /// A replay that stops short of the range's end fails with [`ReplayError::Incomplete`],
     /// after recording an audit entry for the part it covered.
@@ -675,8 +693,9 @@ impl Checked<'_> {
             total,
             idle_limit,
             publish_deadline,
+            replay_id,
         } = self;
-        let replay_id = new_replay_id();
+        let replay_id = replay_id.unwrap_or_else(new_replay_id);
         let republisher = Republisher::new(target)?;
         let mut summary = ReplaySummary {
             replay_id: replay_id.clone(),

@@ -48,6 +48,7 @@ pub async fn run<S: DeliveryStore + ?Sized>(store: &S) {
     event_fan_out_listing(store).await;
     replay_audit(store).await;
     replay_marks(store).await;
+    replay_claims(store).await;
 }
 
 async fn attempts_round_trip<S: DeliveryStore + ?Sized>(store: &S) {
@@ -368,5 +369,59 @@ async fn replay_marks<S: DeliveryStore + ?Sized>(store: &S) {
         store.replay_mark(&other.delivery_id).await.unwrap(),
         None,
         "a mark belongs to its delivery alone"
+    );
+}
+
+async fn replay_claims<S: DeliveryStore + ?Sized>(store: &S) {
+    let row = attempt_row(&unique("evt"), &unique("ep"), 1);
+    store.record_attempt(&row).await.unwrap();
+    let id = &row.delivery_id;
+    assert_eq!(
+        store.replay_claim(id).await.unwrap(),
+        None,
+        "unclaimed at first"
+    );
+    let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_800_000_000_456);
+    let claim = |replay_id: &str, secs: u64| ReplayMark {
+        delivery_id: id.clone(),
+        replay_id: replay_id.to_owned(),
+        at: at + Duration::from_secs(secs),
+    };
+    let (a, b, c) = (unique("rpl"), unique("rpl"), unique("rpl"));
+    assert!(store.claim_replay(&claim(&a, 0), None).await.unwrap());
+    assert_eq!(store.replay_claim(id).await.unwrap(), Some(claim(&a, 0)));
+    assert!(
+        !store.claim_replay(&claim(&b, 1), None).await.unwrap(),
+        "a replay that read no claim loses to the one that made it"
+    );
+    assert!(
+        !store.claim_replay(&claim(&b, 1), Some(&c)).await.unwrap(),
+        "a replay that read another claim loses too"
+    );
+    assert_eq!(
+        store.replay_claim(id).await.unwrap(),
+        Some(claim(&a, 0)),
+        "a lost claim writes nothing"
+    );
+    assert!(store.claim_replay(&claim(&b, 2), Some(&a)).await.unwrap());
+    assert_eq!(store.replay_claim(id).await.unwrap(), Some(claim(&b, 2)));
+    store.release_replay_claim(id, &a).await.unwrap();
+    assert_eq!(
+        store.replay_claim(id).await.unwrap(),
+        Some(claim(&b, 2)),
+        "an earlier replay releases only its own claim"
+    );
+    store.release_replay_claim(id, &b).await.unwrap();
+    assert_eq!(store.replay_claim(id).await.unwrap(), None, "released");
+    assert!(
+        store.claim_replay(&claim(&c, 3), None).await.unwrap(),
+        "a released delivery can be claimed again"
+    );
+    let other = attempt_row(&unique("evt"), &unique("ep"), 1);
+    store.record_attempt(&other).await.unwrap();
+    assert_eq!(
+        store.replay_claim(&other.delivery_id).await.unwrap(),
+        None,
+        "a claim belongs to its delivery alone"
     );
 }

@@ -28,11 +28,13 @@ type HistoryKey = (u128, DeliveryId);
 type Hasher = foldhash::fast::RandomState;
 type Table<K, V> = HashMap<K, V, Hasher>;
 
-/// One delivery: its state, its attempts, oldest first, and its latest replay mark.
+/// One delivery: its state, its attempts, oldest first, its latest replay mark and its latest
+/// replay claim.
 struct Entry {
     state: DeliveryState,
     attempts: Vec<AttemptRow>,
     mark: Option<ReplayMark>,
+    claim: Option<ReplayMark>,
 }
 
 struct Inner {
@@ -158,6 +160,7 @@ impl DeliveryStore for MemoryStore {
                     state,
                     attempts: vec![row.clone()],
                     mark: None,
+                    claim: None,
                 }),
             );
             return Ok(());
@@ -297,6 +300,44 @@ impl DeliveryStore for MemoryStore {
 
     async fn replay_mark(&self, id: &DeliveryId) -> Result<Option<ReplayMark>, StoreError> {
         Ok(self.lock().deliveries.get(id).and_then(|e| e.mark.clone()))
+    }
+
+    async fn replay_claim(&self, id: &DeliveryId) -> Result<Option<ReplayMark>, StoreError> {
+        Ok(self.lock().deliveries.get(id).and_then(|e| e.claim.clone()))
+    }
+
+    /// Under the store's lock. A delivery this store does not hold cannot be claimed: nothing
+    /// replays it through the admin API without its state.
+    async fn claim_replay(
+        &self,
+        claim: &ReplayMark,
+        over: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.lock();
+        let Some(entry) = inner.deliveries.get_mut(&claim.delivery_id) else {
+            return Ok(false);
+        };
+        if entry.claim.as_ref().map(|c| c.replay_id.as_str()) != over {
+            return Ok(false);
+        }
+        entry.claim = Some(claim.clone());
+        Ok(true)
+    }
+
+    async fn release_replay_claim(
+        &self,
+        id: &DeliveryId,
+        replay_id: &str,
+    ) -> Result<(), StoreError> {
+        if let Some(entry) = self.lock().deliveries.get_mut(id)
+            && entry
+                .claim
+                .as_ref()
+                .is_some_and(|c| c.replay_id == replay_id)
+        {
+            entry.claim = None;
+        }
+        Ok(())
     }
 }
 

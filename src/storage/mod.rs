@@ -17,6 +17,8 @@ use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
 use crate::retry_policy::DeadReason;
 
 pub mod conformance;
+#[cfg(test)]
+pub mod hooked;
 pub mod memory;
 pub mod scylla;
 
@@ -151,7 +153,7 @@ pub struct ReplayAudit {
     pub dry_run: bool,
 }
 
-/// The latest replay that republished a delivery. A replay notes it once the deliveries topic has
+/// The latest replay that republished a delivery, or (as a claim) that set out to. A replay notes it once the deliveries topic has
 /// the record, so that a second replay asked for before that record's first attempt is logged
 /// (the attempt log still shows the delivery dead) can tell that it is already on its way and
 /// does not send it twice. It is settled once an attempt carrying its `replay_id` is logged.
@@ -231,6 +233,26 @@ pub trait DeliveryStore: Send + Sync + 'static {
     async fn record_replay_mark(&self, mark: &ReplayMark) -> Result<(), StoreError>;
     /// A delivery's latest replay mark, if any is kept.
     async fn replay_mark(&self, id: &DeliveryId) -> Result<Option<ReplayMark>, StoreError>;
+    /// The replay that claimed a delivery last ([`DeliveryStore::claim_replay`]), if any claim
+    /// is kept. Reads what every claim made so far wrote.
+    async fn replay_claim(&self, id: &DeliveryId) -> Result<Option<ReplayMark>, StoreError>;
+    /// Claims `claim.delivery_id` for replay `claim.replay_id`, atomically, if the delivery's
+    /// latest claim is still the one named `over` (`None`: it has none). `Ok(true)` when
+    /// `claim` is now the latest; `Ok(false)` when another replay's claim came in between, and
+    /// this one was not written. Of several replays that read the same claim and race to
+    /// replace it, one wins.
+    async fn claim_replay(
+        &self,
+        claim: &ReplayMark,
+        over: Option<&str>,
+    ) -> Result<bool, StoreError>;
+    /// Drops replay `replay_id`'s claim on delivery `id`, if it is still the latest: the
+    /// replay did not republish it after all, and another may at once.
+    async fn release_replay_claim(
+        &self,
+        id: &DeliveryId,
+        replay_id: &str,
+    ) -> Result<(), StoreError>;
 }
 
 impl DeliveryState {

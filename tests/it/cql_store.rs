@@ -257,7 +257,7 @@ async fn tls_checks_the_nodes_certificate_and_shows_hookline_s_own() {
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success() && stdout.contains("at schema version 3"),
+            out.status.success() && stdout.contains("at schema version 4"),
             "{stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );
@@ -361,17 +361,22 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
             let first = c.migrate().await;
             assert_eq!(
                 first.applied,
-                [(1, "initial"), (2, "history_buckets"), (3, "replay_marks")]
+                [
+                    (1, "initial"),
+                    (2, "history_buckets"),
+                    (3, "replay_marks"),
+                    (4, "replay_claims")
+                ]
             );
-            assert_eq!(first.version, 3);
+            assert_eq!(first.version, 4);
             let second = c.migrate().await;
             assert!(second.applied.is_empty(), "second run applies nothing");
-            assert_eq!(second.version, 3);
+            assert_eq!(second.version, 4);
             let ks = &c.config.keyspace;
             let recorded = hookline::migrate::applied_versions(&c.session, ks)
                 .await
                 .unwrap();
-            assert_eq!(recorded.len(), 3);
+            assert_eq!(recorded.len(), 4);
             for (recorded, m) in recorded.iter().zip(MIGRATIONS) {
                 assert_eq!(recorded.checksum, hookline::migrate::checksum(m.cql));
             }
@@ -395,7 +400,7 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     err,
                     MigrateError::NewerSchema {
                         database: 999,
-                        binary: 3,
+                        binary: 4,
                         ..
                     }
                 ),
@@ -418,7 +423,7 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
                 err,
                 ScyllaError::SchemaBehind {
                     found: 0,
-                    needed: 3,
+                    needed: 4,
                     ..
                 }
             ));
@@ -428,7 +433,7 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
 }
 
 /// A keyspace a release with schema version 1 migrated: this binary refuses it until
-/// `hookline migrate` adds versions 2 and 3, which leave version 1's tables in place.
+/// `hookline migrate` adds versions 2 to 4, which leave version 1's tables in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_keyspace_is_refused_until_upgraded() {
     cql()
@@ -448,7 +453,7 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
                     err,
                     ScyllaError::SchemaBehind {
                         found: 1,
-                        needed: 3,
+                        needed: 4,
                         ..
                     }
                 ),
@@ -457,9 +462,13 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
             let upgrade = c.migrate().await;
             assert_eq!(
                 upgrade.applied,
-                [(2, "history_buckets"), (3, "replay_marks")]
+                [
+                    (2, "history_buckets"),
+                    (3, "replay_marks"),
+                    (4, "replay_claims")
+                ]
             );
-            assert_eq!(upgrade.version, 3);
+            assert_eq!(upgrade.version, 4);
             c.store().await;
             // Version 1's tables stay (their rows expire with their TTL).
             for table in [
@@ -509,11 +518,12 @@ async fn the_migrate_command_applies_once() {
         assert!(stdout.contains("applied 001_initial"), "{stdout}");
         assert!(stdout.contains("applied 002_history_buckets"), "{stdout}");
         assert!(stdout.contains("applied 003_replay_marks"), "{stdout}");
+        assert!(stdout.contains("applied 004_replay_claims"), "{stdout}");
         let second = run();
         let stdout = String::from_utf8_lossy(&second.stdout);
         assert!(second.status.success());
         assert!(stdout.contains("nothing to apply"), "{stdout}");
-        assert!(stdout.contains("at schema version 3"), "{stdout}");
+        assert!(stdout.contains("at schema version 4"), "{stdout}");
     })
     .await;
 }

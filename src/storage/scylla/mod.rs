@@ -73,7 +73,7 @@ use scylla::client::session_builder::SessionBuilder;
 use scylla::errors::{
     DbError, ExecutionError, NextRowError, PagerExecutionError, RequestAttemptError,
 };
-use scylla::frame::types::Consistency;
+use scylla::frame::types::{Consistency, SerialConsistency};
 use scylla::policies::load_balancing::DefaultPolicy;
 use scylla::response::PagingState;
 use scylla::serialize::row::SerializeRow;
@@ -301,6 +301,10 @@ struct Statements {
     select_recent_replays: PreparedStatement,
     insert_replay_mark: PreparedStatement,
     select_replay_mark: PreparedStatement,
+    select_replay_claim: PreparedStatement,
+    insert_replay_claim: PreparedStatement,
+    update_replay_claim: PreparedStatement,
+    delete_replay_claim: PreparedStatement,
     select_dead: PreparedStatement,
     select_dead_before: PreparedStatement,
 }
@@ -315,6 +319,21 @@ impl Statements {
             // Every statement here may run twice with the same effect, which lets the driver
             // retry it after a timeout.
             st.set_is_idempotent(true);
+            Ok::<_, ScyllaError>(st)
+        };
+        // The replay claims' lightweight transactions, and the read that sees them all: never
+        // retried by the driver (a conditional write sent twice may report its own first
+        // write as a rival's), serial within the local datacenter.
+        let lwt = |cql: String, read: bool| async move {
+            let mut st = session
+                .prepare(cql.as_str())
+                .await
+                .map_err(|e| ScyllaError::Cql(format!("preparing {cql:?}: {e}")))?;
+            st.set_is_idempotent(false);
+            st.set_serial_consistency(Some(SerialConsistency::LocalSerial));
+            if read {
+                st.set_consistency(Consistency::LocalSerial);
+            }
             Ok::<_, ScyllaError>(st)
         };
         Ok(Statements {
@@ -370,6 +389,32 @@ impl Statements {
             select_replay_mark: p(format!(
                 "SELECT replay_id, at FROM {ks}.replay_marks WHERE delivery_id = ?"
             ))
+            .await?,
+            select_replay_claim: lwt(
+                format!("SELECT replay_id, at FROM {ks}.replay_claims WHERE delivery_id = ?"),
+                true,
+            )
+            .await?,
+            insert_replay_claim: lwt(
+                format!(
+                    "INSERT INTO {ks}.replay_claims (delivery_id, replay_id, at) \
+                     VALUES (:delivery_id, :replay_id, :at) IF NOT EXISTS USING TTL :ttl"
+                ),
+                false,
+            )
+            .await?,
+            update_replay_claim: lwt(
+                format!(
+                    "UPDATE {ks}.replay_claims USING TTL :ttl SET replay_id = :replay_id, \
+                     at = :at WHERE delivery_id = :delivery_id IF replay_id = :over"
+                ),
+                false,
+            )
+            .await?,
+            delete_replay_claim: lwt(
+                format!("DELETE FROM {ks}.replay_claims WHERE delivery_id = ? IF replay_id = ?"),
+                false,
+            )
             .await?,
             select_attempts: p(format!(
                 "SELECT delivery_id, started_at, attempt, event_id, endpoint_id, tenant, \
@@ -625,6 +670,23 @@ struct ReplayMarkValues<'a> {
 }
 
 #[derive(SerializeRow)]
+struct ReplayClaimValues<'a> {
+    delivery_id: &'a str,
+    replay_id: &'a str,
+    at: CqlTimestamp,
+    ttl: i32,
+}
+
+#[derive(SerializeRow)]
+struct ReplayClaimOverValues<'a> {
+    delivery_id: &'a str,
+    replay_id: &'a str,
+    at: CqlTimestamp,
+    ttl: i32,
+    over: &'a str,
+}
+
+#[derive(SerializeRow)]
 struct RecentReplayValues<'a> {
     feed: &'static str,
     replay_id: &'a str,
@@ -766,6 +828,38 @@ fn pager_error(e: PagerExecutionError) -> StoreError {
 }
 
 /// A result the driver could not read as the expected rows and types: [`StoreError::Backend`].
+/// Whether a lightweight transaction writing `replay_id` took effect: its `[applied]` column,
+/// or, when not applied, whether the row already names `replay_id` (this very claim, made by
+/// an earlier try of the same request). Cassandra answers `[applied]` alone when applied and
+/// adds the columns its condition read when not; ScyllaDB always adds every column. Read by
+/// name for both.
+fn lwt_applied(
+    result: scylla::response::query_result::QueryResult,
+    replay_id: &str,
+) -> Result<bool, StoreError> {
+    use scylla::value::{CqlValue, Row};
+    let rows = result.into_rows_result().map_err(backend_error)?;
+    let column = |name: &str| rows.column_specs().iter().position(|c| c.name() == name);
+    let (Some(applied), replay_col) = (column("[applied]"), column("replay_id")) else {
+        return Err(backend_error(
+            "a lightweight transaction's answer has no [applied] column",
+        ));
+    };
+    let Some(row) = rows.maybe_first_row::<Row>().map_err(backend_error)? else {
+        return Err(backend_error("a lightweight transaction answered no row"));
+    };
+    let value = |i: usize| row.columns.get(i).cloned().flatten();
+    match value(applied) {
+        Some(CqlValue::Boolean(true)) => Ok(true),
+        Some(CqlValue::Boolean(false)) => {
+            Ok(replay_col.and_then(value) == Some(CqlValue::Text(replay_id.to_owned())))
+        }
+        other => Err(backend_error(format!(
+            "a lightweight transaction's [applied] column holds {other:?}"
+        ))),
+    }
+}
+
 fn backend_error(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
@@ -913,6 +1007,30 @@ impl ScyllaStore {
             items: found.into_iter().map(|(_, d)| d).collect(),
             next_cursor,
         })
+    }
+
+    /// A delivery's replay mark or claim, as `statement` (`SELECT replay_id, at`) reads it.
+    async fn read_mark(
+        &self,
+        statement: &PreparedStatement,
+        id: &DeliveryId,
+    ) -> Result<Option<ReplayMark>, StoreError> {
+        let _permit = self.permit().await?;
+        let result = self
+            .session
+            .execute_unpaged(statement, (id.as_str(),))
+            .await
+            .map_err(exec_error)?;
+        let rows = result.into_rows_result().map_err(backend_error)?;
+        let mark = rows
+            .maybe_first_row::<ReplayMarkCols>()
+            .map_err(backend_error)?
+            .map(|r| ReplayMark {
+                delivery_id: id.clone(),
+                replay_id: r.replay_id,
+                at: from_cql(r.at),
+            });
+        Ok(mark)
     }
 
     /// One of the `max_concurrent_writes` request slots, held while one request is in flight.
@@ -1594,22 +1712,69 @@ impl DeliveryStore for ScyllaStore {
     }
 
     async fn replay_mark(&self, id: &DeliveryId) -> Result<Option<ReplayMark>, StoreError> {
+        self.read_mark(&self.st.select_replay_mark, id).await
+    }
+
+    /// A serial read: it sees every claim a lightweight transaction has made, including one
+    /// whose commit is still on its way to the replicas.
+    async fn replay_claim(&self, id: &DeliveryId) -> Result<Option<ReplayMark>, StoreError> {
+        self.read_mark(&self.st.select_replay_claim, id).await
+    }
+
+    /// A lightweight transaction: `INSERT ... IF NOT EXISTS` over no claim, `UPDATE ... IF
+    /// replay_id = over` over one.
+    async fn claim_replay(
+        &self,
+        claim: &ReplayMark,
+        over: Option<&str>,
+    ) -> Result<bool, StoreError> {
         let _permit = self.permit().await?;
-        let result = self
-            .session
-            .execute_unpaged(&self.st.select_replay_mark, (id.as_str(),))
+        let (delivery_id, replay_id, at) = (
+            claim.delivery_id.as_str(),
+            claim.replay_id.as_str(),
+            to_cql(claim.at),
+        );
+        let ttl = self.attempt_ttl;
+        let result = match over {
+            None => {
+                let values = ReplayClaimValues {
+                    delivery_id,
+                    replay_id,
+                    at,
+                    ttl,
+                };
+                self.session
+                    .execute_unpaged(&self.st.insert_replay_claim, values)
+                    .await
+            }
+            Some(over) => {
+                let values = ReplayClaimOverValues {
+                    delivery_id,
+                    replay_id,
+                    at,
+                    ttl,
+                    over,
+                };
+                self.session
+                    .execute_unpaged(&self.st.update_replay_claim, values)
+                    .await
+            }
+        }
+        .map_err(exec_error)?;
+        lwt_applied(result, replay_id)
+    }
+
+    async fn release_replay_claim(
+        &self,
+        id: &DeliveryId,
+        replay_id: &str,
+    ) -> Result<(), StoreError> {
+        let _permit = self.permit().await?;
+        self.session
+            .execute_unpaged(&self.st.delete_replay_claim, (id.as_str(), replay_id))
             .await
-            .map_err(exec_error)?;
-        let rows = result.into_rows_result().map_err(backend_error)?;
-        let mark = rows
-            .maybe_first_row::<ReplayMarkCols>()
-            .map_err(backend_error)?
-            .map(|r| ReplayMark {
-                delivery_id: id.clone(),
-                replay_id: r.replay_id,
-                at: from_cql(r.at),
-            });
-        Ok(mark)
+            .map(|_| ())
+            .map_err(exec_error)
     }
 }
 

@@ -1391,7 +1391,8 @@ macro_rules! on_both {
 }
 
 /// A tenant replays its dead deliveries through the admin API, as a customer's dashboard
-/// would: first one by id (hookline finds its dead letter among others in the DLQ), then the
+/// would: first one by id, asked twice at the same moment, which replays it once and refuses
+/// the other (hookline finds its dead letter among others in the DLQ), then the
 /// rest of the endpoint's since the test began. Each is sent again once, with the same
 /// webhook-id and the replay id in a header; the one replayed by id, delivered since, is left
 /// alone by the range, and another endpoint's dead letter in the same DLQ is not touched. Both
@@ -1446,13 +1447,37 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
     fixed.store(true, std::sync::atomic::Ordering::SeqCst);
     let api = admin_api(&p);
 
-    let (status, answer) = api_post(
-        &api,
-        ACME_TOKEN,
-        &format!("/v1/deliveries/{wanted}/replay"),
-        r#"{"actor":"alice@acme.example","reason":"receiver fixed"}"#,
-    )
-    .await;
+    // Asked twice at the same moment (a double click): one replays it, the other is told.
+    let wanted_uri = format!("/v1/deliveries/{wanted}/replay");
+    let replay_wanted = || {
+        api_post(
+            &api,
+            ACME_TOKEN,
+            &wanted_uri,
+            r#"{"actor":"alice@acme.example","reason":"receiver fixed"}"#,
+        )
+    };
+    let (first, second) = tokio::join!(replay_wanted(), replay_wanted());
+    let (mut answers, refused): (Vec<_>, Vec<_>) = [first, second]
+        .into_iter()
+        .partition(|(status, _)| *status == 202);
+    assert_eq!(
+        (answers.len(), refused.len()),
+        (1, 1),
+        "one of two simultaneous replays: {answers:?} {refused:?}"
+    );
+    let (status, answer) = answers.pop().unwrap();
+    let one = answer["replay_id"].as_str().unwrap();
+    let (refused_status, refusal) = &refused[0];
+    assert_eq!(*refused_status, 409, "{refusal}");
+    let detail = refusal["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!("is being replayed by replay {one}"))
+            || detail.contains(&format!(
+                "(replay {one}) and that replay's attempt is not logged"
+            )),
+        "{refusal}"
+    );
     assert_eq!(status, 202, "{answer}");
     assert_eq!(
         (
@@ -1467,7 +1492,6 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
     let held = Instant::now();
     assert_eq!(got[3].header("hookline-replay-id"), Some(one.as_str()));
     assert_eq!(verify(&got[3], &secret), "evt_api_replay");
-    let wanted_uri = format!("/v1/deliveries/{wanted}/replay");
     let replay_wanted_again = || api_post(&api, ACME_TOKEN, &wanted_uri, "");
     let (status, answer) = replay_wanted_again().await;
     assert!(
