@@ -42,7 +42,7 @@ use crate::retry_policy::{DeadReason, Decision, RetryPolicy, classify};
 use crate::sender::{OutboundRequest, Sender, Target};
 use crate::signing::{Ed25519SigningKey, Signer, SignerKey, SigningKey, SigningSecret};
 use crate::stage::{Outgoing, RebalanceEvent, Settlements, StageConsumer, Tp, produce_until_acked};
-use crate::storage::{AttemptOutcome, AttemptRow, DeliveryStore};
+use crate::storage::{AttemptOutcome, AttemptRow, DeliveryStore, RecordPosition};
 use crate::telemetry::{self, ParkReason};
 
 /// Header receivers see on replayed deliveries: the replay's id.
@@ -365,6 +365,7 @@ impl DeliverDeps {
     pub async fn attempt(
         &self,
         record: &DeliveryRecord,
+        read_at: Option<RecordPosition>,
         endpoint: &Endpoint,
         plan: &SendPlan,
         stop: &CancellationToken,
@@ -415,7 +416,7 @@ impl DeliverDeps {
                 .decide(verdict, attempt_no, elapsed, &mut rand::rng())
         };
         self.settle_decision(
-            record, attempt, attempt_no, started, key_ids, decision, stop,
+            record, read_at, attempt, attempt_no, started, key_ids, decision, stop,
         )
         .await
     }
@@ -425,6 +426,7 @@ impl DeliverDeps {
     pub async fn refuse(
         &self,
         record: DeliveryRecord,
+        read_at: Option<RecordPosition>,
         reason: DeadReason,
         stop: &CancellationToken,
     ) -> Option<AttemptReport> {
@@ -436,6 +438,7 @@ impl DeliverDeps {
         };
         self.settle_decision(
             &record,
+            read_at,
             refused(ErrorClass::NotSent, reason.as_str()),
             attempt_no,
             now,
@@ -446,12 +449,14 @@ impl DeliverDeps {
         .await
     }
 
-    /// Logs attempt `attempt_no` of `record`, started at `started` (the window's start unless
-    /// `record` has one), and builds the follow-up `decision` asks for.
+    /// Logs attempt `attempt_no` of `record` (read at `read_at` in the deliveries topic),
+    /// started at `started` (the window's start unless `record` has one), and builds the
+    /// follow-up `decision` asks for.
     #[allow(clippy::too_many_arguments)]
     async fn settle_decision(
         &self,
         record: &DeliveryRecord,
+        read_at: Option<RecordPosition>,
         attempt: Attempt,
         attempt_no: u32,
         started: SystemTime,
@@ -534,6 +539,7 @@ impl DeliverDeps {
             signing_key_ids: key_ids,
             replay_id: record.replay_id.clone(),
             outcome,
+            record: read_at,
         };
         let mut backoff = Duration::from_millis(50);
         let logging = Instant::now();
@@ -1129,13 +1135,17 @@ impl Stage {
                 record,
                 endpoint,
             } = q;
+            let read_at = RecordPosition {
+                partition: tp.1,
+                offset,
+            };
             let slot = Slot {
                 permit: Some(permit),
                 done: done.clone(),
             };
             let attempt = async {
                 let report = deps
-                    .attempt(&record, &endpoint, &plan, &stop, |health| {
+                    .attempt(&record, Some(read_at), &endpoint, &plan, &stop, |health| {
                         slot.answer(health)
                     })
                     .await;
@@ -1181,8 +1191,12 @@ impl Stage {
         let deps = self.deps.clone();
         let producer = self.producer.clone();
         let stop = self.stop.clone();
+        let read_at = RecordPosition {
+            partition: tp.1,
+            offset,
+        };
         self.spawn_settling(tp, offset, async move {
-            match deps.refuse(record, reason, &stop).await {
+            match deps.refuse(record, Some(read_at), reason, &stop).await {
                 Some(AttemptReport {
                     follow_up: Some(f), ..
                 }) => f.produce(&producer, &stop).await,
@@ -1595,7 +1609,7 @@ mod tests {
             let deps = deps.clone();
             async move {
                 let stop = CancellationToken::new();
-                deps.attempt(&record, &endpoint, &plan, &stop, |health| {
+                deps.attempt(&record, None, &endpoint, &plan, &stop, |health| {
                     let _ = answered_tx.send(health);
                 })
                 .await

@@ -1,7 +1,8 @@
 //! `hookline migrate`: creates the keyspace and applies the CQL migrations in `schemas/cql/`
 //! that it does not have yet, in order, recording each in `schema_migrations`.
 //!
-//! Idempotent: every statement in the files is `IF NOT EXISTS`, and a version is recorded only
+//! Idempotent: every statement in the files is `IF NOT EXISTS`, or an `ALTER TABLE ... ADD`
+//! that runs only while the column is missing, and a version is recorded only
 //! after all its statements ran, so an interrupted run is finished by the next one. Refuses to
 //! touch a keyspace that has a version newer than this binary knows (an older binary must not
 //! "repair" a newer schema), and one whose applied file no longer matches the embedded text
@@ -54,10 +55,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "replay_claims",
         cql: include_str!("../schemas/cql/004_replay_claims.cql"),
     },
+    Migration {
+        version: 5,
+        name: "attempt_records",
+        cql: include_str!("../schemas/cql/005_attempt_records.cql"),
+    },
 ];
 
 /// The newest schema version this binary knows (and needs).
-pub const LATEST_VERSION: u32 = 4;
+pub const LATEST_VERSION: u32 = 5;
 
 /// A version recorded in `schema_migrations`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,6 +234,47 @@ pub fn plan<'m>(
     Ok(todo)
 }
 
+/// The table and column of an `ALTER TABLE <table> ADD <column> <type>` statement (one
+/// column, no `IF NOT EXISTS`), lowercased as CQL folds unquoted names; `None` for any other
+/// statement. Such a statement is idempotent only by a look at the schema first (see
+/// [`migrate`]): `ADD IF NOT EXISTS` is Cassandra's alone.
+pub fn added_column(statement: &str) -> Option<(String, String)> {
+    let words: Vec<String> = statement
+        .split_whitespace()
+        .map(str::to_ascii_lowercase)
+        .collect();
+    match words.as_slice() {
+        [alter, table_kw, table, add, column, _ty]
+            if alter == "alter" && table_kw == "table" && add == "add" =>
+        {
+            let plain =
+                |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            (plain(table) && plain(column)).then(|| (table.clone(), column.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// Whether `keyspace.table` has `column`.
+async fn has_column(
+    session: &Session,
+    keyspace: &str,
+    table: &str,
+    column: &str,
+) -> Result<bool, String> {
+    let rows = session
+        .query_unpaged(
+            "SELECT column_name FROM system_schema.columns \
+             WHERE keyspace_name = ? AND table_name = ? AND column_name = ?",
+            (keyspace, table, column),
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .into_rows_result()
+        .map_err(|e| e.to_string())?;
+    Ok(rows.rows_num() > 0)
+}
+
 fn cql_error(version: u32, statement: &str, e: impl std::fmt::Display) -> MigrateError {
     MigrateError::Cql {
         version,
@@ -342,6 +389,13 @@ pub async fn migrate(
     let mut done = Vec::new();
     for m in todo {
         for statement in split_statements(m.cql) {
+            if let Some((table, column)) = added_column(&statement)
+                && has_column(session, keyspace, &table, &column)
+                    .await
+                    .map_err(|e| cql_error(m.version, "SELECT FROM system_schema.columns", e))?
+            {
+                continue;
+            }
             run_ddl(session, m.version, &statement).await?;
         }
         let record = format!(
@@ -404,6 +458,28 @@ mod tests {
             cql: "CREATE TABLE b (x int PRIMARY KEY);",
         },
     ];
+
+    #[test]
+    fn an_added_column_is_read_from_its_statement() {
+        assert_eq!(
+            added_column("ALTER TABLE attempts_by_delivery ADD record_offset bigint"),
+            Some(("attempts_by_delivery".into(), "record_offset".into()))
+        );
+        assert_eq!(
+            added_column("alter table T\n  add Col int"),
+            Some(("t".into(), "col".into())),
+            "any case, any spacing"
+        );
+        for other in [
+            "ALTER TABLE t ADD IF NOT EXISTS c int",
+            "ALTER TABLE t ADD (a int, b int)",
+            "ALTER TABLE t DROP c",
+            "ALTER TABLE t ADD \"Quoted\" int",
+            "CREATE TABLE IF NOT EXISTS t (x int PRIMARY KEY)",
+        ] {
+            assert_eq!(added_column(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn plans_what_is_missing_in_order() {
@@ -478,7 +554,9 @@ mod tests {
             let statements = split_statements(m.cql);
             assert!(!statements.is_empty());
             assert!(
-                statements.iter().all(|s| s.contains("IF NOT EXISTS")),
+                statements
+                    .iter()
+                    .all(|s| s.contains("IF NOT EXISTS") || added_column(s).is_some()),
                 "every statement of {} is idempotent",
                 files[i]
             );
@@ -498,6 +576,14 @@ mod tests {
             (
                 2,
                 "8bbb0d9257eb2cf74e64e1d5323c48ac7244dc39a44779f6cbf632ebdef6f31d",
+            ),
+            (
+                3,
+                "6bd81bd422673bb1ad0347999c81fae3bd05820052dcea9f21147548b835e618",
+            ),
+            (
+                4,
+                "3da9db5ef009d74b5b161218c520e107563c72b86ef90768b053962e04a2889a",
             ),
         ];
         for (version, sha) in released {

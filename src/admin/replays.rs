@@ -297,7 +297,9 @@ where
 /// stopped short, the audit entry not written), with what happened.
 fn replay_failed(e: ReplayError) -> ApiError {
     match e {
-        gone @ ReplayError::DeadLetterGone { .. } => ApiError::Gone(gone.to_string()),
+        gone @ (ReplayError::DeadLetterGone { .. }
+        | ReplayError::RecordGone { .. }
+        | ReplayError::RecordNotKept { .. }) => ApiError::Gone(gone.to_string()),
         // Not dead after all, or another replay got to it first (checked before, and again
         // as the replay claimed it).
         ReplayError::Refused(why) => ApiError::Conflict(why),
@@ -337,19 +339,31 @@ pub struct Replayed {
     pub replay_id: String,
     /// The delivery replayed.
     pub delivery_id: String,
-    /// Where its dead letter was in the DLQ topic.
-    pub dlq_partition: i32,
-    /// Its offset there.
-    pub dlq_offset: i64,
+    /// Where the record sent again was read.
+    pub from: ReplayedFrom,
 }
 
-/// `POST /v1/deliveries/{id}/replay`: sends a dead-lettered delivery again, with a fresh retry
-/// window and the same `webhook-id`, through the same lanes and limits as any delivery. Its
-/// DLQ record is republished as `hookline replay` does, with an audit entry. 409 when the
-/// delivery is not dead, is on its way from an earlier replay whose attempt is not logged yet,
-/// is claimed by another replay that has not republished it yet (two requests at once: one
-/// sends it), or its endpoint cannot take it (deleted, disabled); 410 when its dead letter is past the
-/// DLQ's retention; 503 when Kafka does not answer in time.
+/// Where a replayed record was read: its dead letter in the DLQ topic, or, for a delivered
+/// delivery, the record its last attempt sent in the deliveries topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayedFrom {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The record's offset.
+    pub offset: i64,
+}
+
+/// `POST /v1/deliveries/{id}/replay`: sends a dead-lettered or a delivered delivery again, with
+/// a fresh retry window and the same `webhook-id`, through the same lanes and limits as any
+/// delivery. A dead one's DLQ record is republished as `hookline replay` does; a delivered
+/// one's record is read where its last attempt logged it in the deliveries topic; either with
+/// an audit entry. 409 when the delivery is being retried or not attempted yet, is on its way
+/// from an earlier replay whose attempt is not logged yet, is claimed by another replay that
+/// has not republished it yet (two requests at once: one sends it), or its endpoint cannot take
+/// it (deleted, disabled); 410 when its record is past its topic's retention (or, for a
+/// delivered one, its place was not logged); 503 when Kafka does not answer in time.
 pub async fn replay_delivery(
     State(state): State<AdminState>,
     caller: Caller,
@@ -376,8 +390,11 @@ pub async fn replay_delivery(
         Json(Replayed {
             replay_id: done.replay_id,
             delivery_id: id.to_string(),
-            dlq_partition: done.from.partition,
-            dlq_offset: done.from.offset,
+            from: ReplayedFrom {
+                topic: done.topic,
+                partition: done.from.partition,
+                offset: done.from.offset,
+            },
         }),
     ))
 }

@@ -1835,6 +1835,7 @@ impl crate::replay::ApiReplayer for FakeReplayer {
             .push((delivery.delivery_id.to_string(), actor, reason));
         Ok(crate::replay::DeliveryReplay {
             replay_id: "rpl_test".into(),
+            topic: "hookline.dlq".into(),
             from: crate::replay::DlqPosition {
                 partition: 2,
                 offset: 41,
@@ -1921,8 +1922,13 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
         AttemptOutcome::Succeeded,
     )
     .await;
+    let retry = AttemptOutcome::RetryScheduled {
+        next_attempt_at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_100),
+    };
+    record(&f.store, "evt_retrying", &ep, "acme", 3, retry).await;
     let dead_id = delivery_id("evt_dead", &ep);
     let done_id = delivery_id("evt_done", &ep);
+    let retrying_id = delivery_id("evt_retrying", &ep);
     let uri = |id: &crate::id::DeliveryId| format!("/v1/deliveries/{id}/replay");
 
     // A process without a replayer says so.
@@ -1937,7 +1943,7 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
     assert_eq!(
         a.json,
         json!({"replay_id": "rpl_test", "delivery_id": dead_id.to_string(),
-               "dlq_partition": 2, "dlq_offset": 41})
+               "from": {"topic": "hookline.dlq", "partition": 2, "offset": 41}})
     );
     // No body at all: the token alone is the actor, with a default reason.
     let a = call(&app, Method::POST, &uri(&dead_id), OP, None).await;
@@ -1970,9 +1976,21 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
     )
     .await;
     assert_error(&a, StatusCode::NOT_FOUND, "not_found", "dlv_nope");
-    // Only a dead delivery replays.
+    // A delivery being retried does not replay: it is attempted again anyway.
+    let a = call(&app, Method::POST, &uri(&retrying_id), ACME, None).await;
+    assert_error(&a, StatusCode::CONFLICT, "conflict", "is failed");
+    // A delivered one does (sent again from its record in the deliveries topic).
     let a = call(&app, Method::POST, &uri(&done_id), ACME, None).await;
-    assert_error(&a, StatusCode::CONFLICT, "conflict", "is succeeded");
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.text);
+    assert_eq!(
+        replayer
+            .asked
+            .lock()
+            .unwrap()
+            .last()
+            .map(|(id, ..)| id.clone()),
+        Some(done_id.to_string())
+    );
     // Bad bodies name the field.
     for (body, field) in [
         (r#"{"reason":"  "}"#, "reason:"),
@@ -2013,7 +2031,7 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
     assert_error(&a, StatusCode::CONFLICT, "conflict", "was deleted");
     assert_eq!(
         replayer.asked.lock().unwrap().len(),
-        2,
+        3,
         "refusals replay nothing"
     );
 }

@@ -9,13 +9,15 @@ use std::time::{Duration, SystemTime};
 
 use super::scan::{DlqScan, ScanEnd, unix_millis};
 use super::{
-    ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, Republisher, check, new_replay_id,
+    KAFKA_TIMEOUT, POLL_WAIT, ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, Republisher,
+    StopCause, check, dlq_consumer, kafka_failure, new_replay_id, read_error_is_final,
     record_audit,
 };
 use crate::id::{DeliveryId, EndpointId};
 use crate::record::DeliveryRecord;
 use crate::storage::{
-    DeliveryState, DeliveryStatus, DeliveryStore, ReplayAudit, ReplayMark, StoreError,
+    DeliveryState, DeliveryStatus, DeliveryStore, RecordPosition, ReplayAudit, ReplayMark,
+    StoreError,
 };
 use crate::telemetry;
 
@@ -38,13 +40,7 @@ const API_IDLE_LIMIT: Duration = Duration::from_secs(5);
 const API_PUBLISH_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Where a delivery's dead letter is in the DLQ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DlqPosition {
-    /// The DLQ partition.
-    pub partition: i32,
-    /// The record's offset.
-    pub offset: i64,
-}
+pub type DlqPosition = RecordPosition;
 
 /// Finds the DLQ record of `delivery`, which the attempt log shows dead-lettered: a dead
 /// letter of its delivery id in any DLQ partition, at most [`LOCATE_BEFORE`] before its last
@@ -105,13 +101,16 @@ const CLAIM_TRIES: usize = 3;
 pub enum Standing {
     /// Dead, and no replay of it is on its way: replaying it sends it again.
     Dead,
+    /// Delivered (a 2xx), and no replay of it is on its way: replaying it by its id sends it
+    /// again from its record in the deliveries topic, while that is kept.
+    Delivered,
     /// Dead in the attempt log, but the replay `0` names republished it and no attempt of that
     /// replay is logged yet: it is on its way, and replaying it again would send it twice.
     OnItsWay(ReplayMark),
     /// Dead in the attempt log, and claimed less than [`CLAIM_LIMIT`] ago by the replay `0`
     /// names, which has not republished it yet: it is about to.
     BeingReplayed(ReplayMark),
-    /// Not dead: delivered, being retried, or not attempted yet.
+    /// Neither dead nor delivered: being retried, or not attempted yet.
     NotDead(DeliveryStatus),
 }
 
@@ -132,14 +131,16 @@ async fn look(
     store: &dyn DeliveryStore,
     delivery: &DeliveryState,
 ) -> Result<(Standing, Option<ReplayMark>), StoreError> {
-    if delivery.status != DeliveryStatus::Dead {
-        return Ok((Standing::NotDead(delivery.status), None));
-    }
+    let free = match delivery.status {
+        DeliveryStatus::Dead => Standing::Dead,
+        DeliveryStatus::Succeeded => Standing::Delivered,
+        other => return Ok((Standing::NotDead(other), None)),
+    };
     let id = &delivery.delivery_id;
     let mark = store.replay_mark(id).await?;
     let claim = store.replay_claim(id).await?;
     if mark.is_none() && claim.is_none() {
-        return Ok((Standing::Dead, None));
+        return Ok((free, None));
     }
     let attempts = store.attempts(id).await?;
     let carried = |replay: &ReplayMark| {
@@ -162,17 +163,18 @@ async fn look(
     {
         return Ok((Standing::BeingReplayed(claimed.clone()), claim));
     }
-    Ok((Standing::Dead, claim))
+    Ok((free, claim))
 }
 
-/// Why a delivery standing so cannot be replayed now, for the caller; `None` for
-/// [`Standing::Dead`].
+/// Why a delivery standing so cannot be replayed by its id now, for the caller; `None` for
+/// [`Standing::Dead`] and [`Standing::Delivered`].
 pub fn refusal(id: &DeliveryId, standing: &Standing) -> Option<String> {
     let time = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
     match standing {
-        Standing::Dead => None,
+        Standing::Dead | Standing::Delivered => None,
         Standing::NotDead(status) => Some(format!(
-            "delivery {id} is {}: only a dead-lettered delivery can be replayed",
+            "delivery {id} is {}: only a dead-lettered or a delivered delivery can be \
+             replayed (one being retried will be attempted again anyway)",
             status.as_str()
         )),
         Standing::OnItsWay(mark) => Some(format!(
@@ -193,19 +195,26 @@ pub fn refusal(id: &DeliveryId, standing: &Standing) -> Option<String> {
 }
 
 /// Claims `delivery` for replay `replay_id` ([`DeliveryStore::claim_replay`]) while it is
-/// [`Standing::Dead`]: of two replays that find it dead at the same moment, one claims it and
-/// the other is refused, so it is sent once. [`ReplayError::Refused`] when it is not dead or
-/// another replay has it; [`ReplayError::Store`] when the store does not answer.
+/// [`Standing::Dead`] (or [`Standing::Delivered`], when `delivered` too): of two replays that
+/// find it so at the same moment, one claims it and the other is refused, so it is sent once.
+/// [`ReplayError::Refused`] when it stands otherwise or another replay has it;
+/// [`ReplayError::Store`] when the store does not answer.
 async fn claim(
     store: &dyn DeliveryStore,
     delivery: &DeliveryState,
     replay_id: &str,
+    delivered: bool,
 ) -> Result<(), ReplayError> {
     let id = &delivery.delivery_id;
     for _ in 0..CLAIM_TRIES {
         let (standing, latest) = look(store, delivery).await.map_err(ReplayError::Store)?;
         if let Some(why) = refusal(id, &standing) {
             return Err(ReplayError::Refused(why));
+        }
+        if standing == Standing::Delivered && !delivered {
+            return Err(ReplayError::Refused(format!(
+                "delivery {id} is succeeded: this replay sends dead deliveries only"
+            )));
         }
         let mine = ReplayMark {
             delivery_id: id.clone(),
@@ -243,14 +252,18 @@ async fn release(store: &dyn DeliveryStore, id: &DeliveryId, replay_id: &str) {
 pub struct DeliveryReplay {
     /// The replay id receivers see.
     pub replay_id: String,
-    /// Where its dead letter was.
-    pub from: DlqPosition,
+    /// The topic its record was read from: the DLQ for a dead delivery, the deliveries topic
+    /// for a delivered one.
+    pub topic: String,
+    /// Where in it.
+    pub from: RecordPosition,
 }
 
 /// Replays one dead-lettered delivery: [`locate`]s its DLQ record, [`claim`]s the delivery
 /// (refused when another replay got to it first) and republishes the record as a replay of
-/// that one offset does, audit entry included. A replay that republished nothing releases its
-/// claim.
+/// that one offset does, audit entry included. A delivered delivery is sent again from its
+/// record in the deliveries topic instead (see [`resend`]). A replay that surely sent nothing
+/// releases its claim.
 pub async fn replay_delivery(
     target: &ReplayTarget,
     store: &dyn DeliveryStore,
@@ -258,6 +271,9 @@ pub async fn replay_delivery(
     actor: String,
     reason: String,
 ) -> Result<DeliveryReplay, ReplayError> {
+    if delivery.status == DeliveryStatus::Succeeded {
+        return resend(target, store, delivery, actor, reason).await;
+    }
     let from = locate(target, delivery)
         .await?
         .ok_or_else(|| ReplayError::DeadLetterGone {
@@ -275,24 +291,152 @@ pub async fn replay_delivery(
     };
     let checked = check(target, &request).await?;
     let replay_id = new_replay_id();
-    claim(store, delivery, &replay_id).await?;
+    claim(store, delivery, &replay_id, false).await?;
     let ran = checked
         .replay_id(replay_id.clone())
         .idle_limit(API_IDLE_LIMIT)
         .publish_deadline(API_PUBLISH_DEADLINE)
         .run(store, &mut |_, _| {})
         .await;
-    let republished = match &ran {
-        Ok(summary) => summary.replayed,
-        Err(ReplayError::Incomplete(stop)) => stop.replayed,
-        Err(ReplayError::Audit { replayed, .. }) => *replayed,
-        Err(_) => 0,
+    // Released only when nothing may have been sent: a record the deliveries topic did not
+    // acknowledge in time may still arrive, and its claim holds it until CLAIM_LIMIT.
+    let maybe_sent = match &ran {
+        Ok(summary) => summary.replayed > 0,
+        Err(ReplayError::Incomplete(stop)) => {
+            stop.replayed > 0 || matches!(stop.cause, StopCause::Publish { .. })
+        }
+        Err(_) => true,
     };
-    if republished == 0 {
+    if !maybe_sent {
         release(store, &delivery.delivery_id, &replay_id).await;
     }
     ran?;
-    Ok(DeliveryReplay { replay_id, from })
+    Ok(DeliveryReplay {
+        replay_id,
+        topic: target.dlq.clone(),
+        from,
+    })
+}
+
+/// Sends a delivered delivery again: reads the record its latest attempt sent, at the place
+/// in the deliveries topic that attempt logged, [`claim`]s the delivery and republishes the
+/// record as a replay, with an audit entry.
+async fn resend(
+    target: &ReplayTarget,
+    store: &dyn DeliveryStore,
+    delivery: &DeliveryState,
+    actor: String,
+    reason: String,
+) -> Result<DeliveryReplay, ReplayError> {
+    let id = &delivery.delivery_id;
+    let attempts = store.attempts(id).await.map_err(ReplayError::Store)?;
+    let from = attempts
+        .iter()
+        .max_by_key(|a| a.started_at)
+        .and_then(|a| a.record)
+        .ok_or_else(|| ReplayError::RecordNotKept {
+            delivery: id.to_string(),
+        })?;
+    let topic = target.deliveries.clone();
+    let record = read_record(target, &topic, from)
+        .await?
+        .filter(|r| r.delivery_id == *id)
+        .ok_or_else(|| ReplayError::RecordGone {
+            delivery: id.to_string(),
+            topic: topic.clone(),
+            at: from,
+        })?;
+    let republisher = Republisher::new(target)?;
+    let replay_id = new_replay_id();
+    claim(store, delivery, &replay_id, true).await?;
+    if !republisher
+        .republish(record, &replay_id, API_PUBLISH_DEADLINE, store)
+        .await
+    {
+        // Not released: the record may still arrive (see `replay_delivery`).
+        return Err(ReplayError::NotAcknowledged {
+            topic,
+            deadline: API_PUBLISH_DEADLINE,
+        });
+    }
+    telemetry::replayed(1);
+    let audit = ReplayAudit {
+        replay_id: replay_id.clone(),
+        actor,
+        reason,
+        at: SystemTime::now(),
+        scope: format!(
+            "{topic} partition {} offset {} (delivery {id}, delivered, sent again)",
+            from.partition, from.offset
+        ),
+        count: 1,
+        dry_run: false,
+    };
+    record_audit(store, &audit)
+        .await
+        .map_err(|source| ReplayError::Audit {
+            replay_id: replay_id.clone(),
+            replayed: 1,
+            source,
+        })?;
+    Ok(DeliveryReplay {
+        replay_id,
+        topic,
+        from,
+    })
+}
+
+/// The record at `at` in `topic`; `None` when the partition no longer holds that offset (it
+/// is past the topic's retention) or never did. Reads for at most [`API_IDLE_LIMIT`].
+async fn read_record(
+    target: &ReplayTarget,
+    topic: &str,
+    at: RecordPosition,
+) -> Result<Option<DeliveryRecord>, ReplayError> {
+    use rdkafka::consumer::Consumer;
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    let reading = || {
+        format!(
+            "reading {topic} partition {} offset {}",
+            at.partition, at.offset
+        )
+    };
+    let consumer = dlq_consumer(target)?;
+    let (low, high) = tokio::task::block_in_place(|| {
+        consumer.fetch_watermarks(topic, at.partition, KAFKA_TIMEOUT)
+    })
+    .map_err(kafka_failure(target, reading()))?;
+    if at.offset < low || at.offset >= high {
+        return Ok(None);
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, at.partition, Offset::Offset(at.offset))
+        .and_then(|()| consumer.assign(&tpl))
+        .map_err(kafka_failure(target, reading()))?;
+    let deadline = std::time::Instant::now() + API_IDLE_LIMIT;
+    loop {
+        let wait = deadline
+            .saturating_duration_since(std::time::Instant::now())
+            .min(POLL_WAIT);
+        if wait.is_zero() {
+            return Err(ReplayError::NotRead {
+                what: reading(),
+                limit: API_IDLE_LIMIT,
+            });
+        }
+        match tokio::task::block_in_place(|| consumer.poll(wait)) {
+            Some(Ok(msg)) if msg.offset() >= at.offset => {
+                if msg.offset() > at.offset {
+                    return Ok(None);
+                }
+                return Ok(DeliveryRecord::from_message(&msg).ok());
+            }
+            Some(Err(e)) if read_error_is_final(&e) => {
+                return Err(kafka_failure(target, reading())(e));
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Which of an endpoint's dead letters [`replay_endpoint`] replays.
@@ -402,7 +546,7 @@ pub async fn replay_endpoint(
                 break Some(format!("the attempt log did not answer: {e}"));
             }
         };
-        match claim(store, &state, &replay_id).await {
+        match claim(store, &state, &replay_id, false).await {
             Ok(()) => {}
             Err(ReplayError::Refused(_)) => {
                 done.skipped += 1;
@@ -417,7 +561,7 @@ pub async fn replay_endpoint(
             .republish(record, &replay_id, API_PUBLISH_DEADLINE, store)
             .await
         {
-            release(store, &state.delivery_id, &replay_id).await;
+            // Its claim is kept: the record may still arrive.
             done.resume_since = Some(here());
             break Some(format!(
                 "{} did not acknowledge a record within {}s",
@@ -575,8 +719,8 @@ mod tests {
         let store = Hooked::new(race, 16);
         let delivery = dead_delivery(&store).await;
         let (a, b) = tokio::join!(
-            claim(&store, &delivery, "rpl_a"),
-            claim(&store, &delivery, "rpl_b")
+            claim(&store, &delivery, "rpl_a", false),
+            claim(&store, &delivery, "rpl_b", false)
         );
         let claimed = store.replay_claim(&delivery.delivery_id).await.unwrap();
         let winner = claimed.expect("one claimed it").replay_id;
@@ -596,13 +740,13 @@ mod tests {
         let store = MemoryStore::default();
         let delivery = dead_delivery(&store).await;
         let id = &delivery.delivery_id;
-        claim(&store, &delivery, "rpl_a").await.unwrap();
+        claim(&store, &delivery, "rpl_a", false).await.unwrap();
         assert!(matches!(
-            claim(&store, &delivery, "rpl_b").await,
+            claim(&store, &delivery, "rpl_b", false).await,
             Err(ReplayError::Refused(_))
         ));
         release(&store, id, "rpl_a").await;
-        claim(&store, &delivery, "rpl_b").await.unwrap();
+        claim(&store, &delivery, "rpl_b", false).await.unwrap();
         // rpl_b republished it and marked it: on its way until its attempt is logged.
         let mark = ReplayMark {
             delivery_id: id.clone(),
@@ -621,6 +765,31 @@ mod tests {
         };
         store.record_attempt(&again).await.unwrap();
         assert_eq!(standing(&store, &delivery).await.unwrap(), Standing::Dead);
-        claim(&store, &delivery, "rpl_c").await.unwrap();
+        claim(&store, &delivery, "rpl_c", false).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_delivered_delivery_logged_without_its_records_place_is_gone() {
+        let store = MemoryStore::default();
+        let mut row = attempt_row("evt_old", "ep_old", 1);
+        row.record = None;
+        store.record_attempt(&row).await.unwrap();
+        let delivery = store.delivery(&row.delivery_id).await.unwrap().unwrap();
+        assert_eq!(delivery.status, DeliveryStatus::Succeeded);
+        // Never contacted: the attempt log says there is nothing to read.
+        let target = ReplayTarget {
+            bootstrap: "127.0.0.1:1".into(),
+            client: Default::default(),
+            dlq: "hookline.dlq".into(),
+            deliveries: "hookline.deliveries".into(),
+        };
+        let err = replay_delivery(&target, &store, &delivery, "a".into(), "b".into())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ReplayError::RecordNotKept { delivery } if *delivery == row.delivery_id.to_string()),
+            "{err}"
+        );
+        assert_eq!(store.replay_claim(&row.delivery_id).await.unwrap(), None);
     }
 }

@@ -226,6 +226,52 @@ pub enum ReplayError {
     /// record was not acknowledged); what it republished up to there is in its audit entry.
     #[error(transparent)]
     Incomplete(Box<Incomplete>),
+    /// hookline did not log where a delivered delivery's record is (attempts logged before it
+    /// kept that), so it cannot be sent again.
+    #[error(
+        "delivery {delivery} was delivered before hookline logged where each attempt's record \
+         is in the deliveries topic, so it cannot be sent again"
+    )]
+    RecordNotKept {
+        /// The delivery.
+        delivery: String,
+    },
+    /// A delivered delivery's record is no longer in the deliveries topic.
+    #[error(
+        "the record delivery {delivery} was last sent from ({topic} partition {} offset {}) is \
+         past the topic's retention: a delivered delivery can be sent again only while its \
+         record is kept",
+        .at.partition, .at.offset
+    )]
+    RecordGone {
+        /// The delivery.
+        delivery: String,
+        /// The deliveries topic.
+        topic: String,
+        /// Where the record was.
+        at: crate::storage::RecordPosition,
+    },
+    /// One record did not arrive in time.
+    #[error("{what} took over {}s: the brokers are slow or away; retry", .limit.as_secs())]
+    NotRead {
+        /// What replay was reading.
+        what: String,
+        /// How long it waited.
+        limit: Duration,
+    },
+    /// The deliveries topic did not acknowledge a republished record in time.
+    #[error(
+        "{topic} did not acknowledge the replayed record within {}s: it may still arrive; the \
+         delivery's attempts will show it, and it can be replayed again in {}s",
+        .deadline.as_secs(),
+        CLAIM_LIMIT.as_secs()
+    )]
+    NotAcknowledged {
+        /// The deliveries topic.
+        topic: String,
+        /// How long replay waited.
+        deadline: Duration,
+    },
     /// The delivery cannot be replayed now: it is not dead, or another replay is sending it
     /// (the message says which, and when to ask again).
     #[error("{0}")]

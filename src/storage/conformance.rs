@@ -5,8 +5,8 @@
 use std::time::{Duration, SystemTime};
 
 use super::{
-    AttemptOutcome, AttemptRow, DeliveryStatus, DeliveryStore, HistoryQuery, ReplayAudit,
-    ReplayMark,
+    AttemptOutcome, AttemptRow, DeliveryStatus, DeliveryStore, HistoryQuery, RecordPosition,
+    ReplayAudit, ReplayMark,
 };
 use crate::attempt::ErrorClass;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
@@ -31,6 +31,10 @@ pub fn attempt_row(event: &str, endpoint: &str, attempt: u32) -> AttemptRow {
         signing_key_ids: vec!["k_1".into()],
         replay_id: None,
         outcome: AttemptOutcome::Succeeded,
+        record: Some(RecordPosition {
+            partition: 7,
+            offset: 1_234_567_890_123,
+        }),
     }
 }
 

@@ -103,6 +103,18 @@ pub struct AttemptRow {
     pub replay_id: Option<String>,
     /// What the attempt led to.
     pub outcome: AttemptOutcome,
+    /// Where in the deliveries topic the record this attempt sent was read: a delivered
+    /// delivery is sent again from there. `None` in rows logged before hookline kept it.
+    pub record: Option<RecordPosition>,
+}
+
+/// A record's place in a topic hookline knows by its role (the deliveries topic, the DLQ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RecordPosition {
+    /// The partition.
+    pub partition: i32,
+    /// The record's offset.
+    pub offset: i64,
 }
 
 /// A delivery's current state: one row per (event, endpoint).

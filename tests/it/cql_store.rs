@@ -257,7 +257,7 @@ async fn tls_checks_the_nodes_certificate_and_shows_hookline_s_own() {
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success() && stdout.contains("at schema version 4"),
+            out.status.success() && stdout.contains("at schema version 5"),
             "{stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );
@@ -365,18 +365,19 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     (1, "initial"),
                     (2, "history_buckets"),
                     (3, "replay_marks"),
-                    (4, "replay_claims")
+                    (4, "replay_claims"),
+                    (5, "attempt_records")
                 ]
             );
-            assert_eq!(first.version, 4);
+            assert_eq!(first.version, 5);
             let second = c.migrate().await;
             assert!(second.applied.is_empty(), "second run applies nothing");
-            assert_eq!(second.version, 4);
+            assert_eq!(second.version, 5);
             let ks = &c.config.keyspace;
             let recorded = hookline::migrate::applied_versions(&c.session, ks)
                 .await
                 .unwrap();
-            assert_eq!(recorded.len(), 4);
+            assert_eq!(recorded.len(), 5);
             for (recorded, m) in recorded.iter().zip(MIGRATIONS) {
                 assert_eq!(recorded.checksum, hookline::migrate::checksum(m.cql));
             }
@@ -400,7 +401,7 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     err,
                     MigrateError::NewerSchema {
                         database: 999,
-                        binary: 4,
+                        binary: 5,
                         ..
                     }
                 ),
@@ -423,7 +424,7 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
                 err,
                 ScyllaError::SchemaBehind {
                     found: 0,
-                    needed: 4,
+                    needed: 5,
                     ..
                 }
             ));
@@ -433,7 +434,7 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
 }
 
 /// A keyspace a release with schema version 1 migrated: this binary refuses it until
-/// `hookline migrate` adds versions 2 to 4, which leave version 1's tables in place.
+/// `hookline migrate` adds versions 2 to 5, which leave version 1's tables in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_keyspace_is_refused_until_upgraded() {
     cql()
@@ -453,7 +454,7 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
                     err,
                     ScyllaError::SchemaBehind {
                         found: 1,
-                        needed: 4,
+                        needed: 5,
                         ..
                     }
                 ),
@@ -465,10 +466,11 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
                 [
                     (2, "history_buckets"),
                     (3, "replay_marks"),
-                    (4, "replay_claims")
+                    (4, "replay_claims"),
+                    (5, "attempt_records")
                 ]
             );
-            assert_eq!(upgrade.version, 4);
+            assert_eq!(upgrade.version, 5);
             c.store().await;
             // Version 1's tables stay (their rows expire with their TTL).
             for table in [
@@ -489,6 +491,49 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
                     .unwrap()
                     .rows_num();
                 assert_eq!(found, 1, "{table}");
+            }
+        })
+        .await;
+}
+
+/// A run stopped after version 5 added its first column, before it recorded the version: the
+/// next run adds only what is missing (`ALTER TABLE ... ADD` has no `IF NOT EXISTS` in
+/// ScyllaDB) and records the version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_column_add_is_finished_by_the_next_run() {
+    cql()
+        .await
+        .run(|c| async move {
+            let ks = &c.config.keyspace;
+            let replication = c.config.replication().unwrap();
+            let before = migrate(&c.session, ks, &replication, &MIGRATIONS[..4])
+                .await
+                .unwrap();
+            assert_eq!(before.version, 4);
+            c.session
+                .query_unpaged(
+                    format!("ALTER TABLE {ks}.attempts_by_delivery ADD record_partition int"),
+                    (),
+                )
+                .await
+                .unwrap();
+            let after = c.migrate().await;
+            assert_eq!(after.applied, [(5, "attempt_records")]);
+            assert_eq!(after.version, 5);
+            for column in ["record_partition", "record_offset"] {
+                let found = c
+                    .session
+                    .query_unpaged(
+                        "SELECT column_name FROM system_schema.columns \
+                         WHERE keyspace_name = ? AND table_name = ? AND column_name = ?",
+                        (ks.as_str(), "attempts_by_delivery", column),
+                    )
+                    .await
+                    .unwrap()
+                    .into_rows_result()
+                    .unwrap()
+                    .rows_num();
+                assert_eq!(found, 1, "{column}");
             }
         })
         .await;
@@ -519,11 +564,12 @@ async fn the_migrate_command_applies_once() {
         assert!(stdout.contains("applied 002_history_buckets"), "{stdout}");
         assert!(stdout.contains("applied 003_replay_marks"), "{stdout}");
         assert!(stdout.contains("applied 004_replay_claims"), "{stdout}");
+        assert!(stdout.contains("applied 005_attempt_records"), "{stdout}");
         let second = run();
         let stdout = String::from_utf8_lossy(&second.stdout);
         assert!(second.status.success());
         assert!(stdout.contains("nothing to apply"), "{stdout}");
-        assert!(stdout.contains("at schema version 4"), "{stdout}");
+        assert!(stdout.contains("at schema version 5"), "{stdout}");
     })
     .await;
 }

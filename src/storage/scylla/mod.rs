@@ -95,7 +95,7 @@ use row::{BucketKey, BucketKind, bucket_of, from_cql, to_cql};
 
 use super::{
     AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, DeliveryStore, HistoryQuery,
-    MAX_PAGE, Page, ReplayAudit, ReplayMark, StoreError,
+    MAX_PAGE, Page, RecordPosition, ReplayAudit, ReplayMark, StoreError,
 };
 use crate::attempt::ErrorClass;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
@@ -341,10 +341,11 @@ impl Statements {
                 "INSERT INTO {ks}.attempts_by_delivery (delivery_id, started_at, attempt, \
                  event_id, endpoint_id, tenant, event_type, status, latency_ms, error_class, \
                  response_body, signing_key_ids, replay_id, outcome, next_attempt_at, \
-                 dead_reason) VALUES (:delivery_id, :started_at, :attempt, :event_id, \
-                 :endpoint_id, :tenant, :event_type, :status, :latency_ms, :error_class, \
-                 :response_body, :signing_key_ids, :replay_id, :outcome, :next_attempt_at, \
-                 :dead_reason) USING TTL :ttl"
+                 dead_reason, record_partition, record_offset) VALUES (:delivery_id, \
+                 :started_at, :attempt, :event_id, :endpoint_id, :tenant, :event_type, :status, \
+                 :latency_ms, :error_class, :response_body, :signing_key_ids, :replay_id, \
+                 :outcome, :next_attempt_at, :dead_reason, :record_partition, :record_offset) \
+                 USING TTL :ttl"
             ))
             .await?,
             insert_history: p(format!(
@@ -419,8 +420,8 @@ impl Statements {
             select_attempts: p(format!(
                 "SELECT delivery_id, started_at, attempt, event_id, endpoint_id, tenant, \
                  event_type, status, latency_ms, error_class, response_body, signing_key_ids, \
-                 replay_id, outcome, next_attempt_at, dead_reason \
-                 FROM {ks}.attempts_by_delivery WHERE delivery_id = ?"
+                 replay_id, outcome, next_attempt_at, dead_reason, record_partition, \
+                 record_offset FROM {ks}.attempts_by_delivery WHERE delivery_id = ?"
             ))
             .await?,
             select_state: p(format!(
@@ -547,6 +548,8 @@ struct AttemptValues<'a> {
     outcome: &'static str,
     next_attempt_at: Option<CqlTimestamp>,
     dead_reason: Option<&'static str>,
+    record_partition: Option<i32>,
+    record_offset: Option<i64>,
     ttl: i32,
 }
 
@@ -717,6 +720,8 @@ struct AttemptCols {
     outcome: Option<String>,
     next_attempt_at: Option<CqlTimestamp>,
     dead_reason: Option<String>,
+    record_partition: Option<i32>,
+    record_offset: Option<i64>,
 }
 
 /// The columns of an attempt row that delivery state is derived from (no body).
@@ -1369,6 +1374,8 @@ fn state_from_cols(
         outcome: latest.outcome,
         next_attempt_at: latest.next_attempt_at,
         dead_reason: latest.dead_reason,
+        record_partition: None,
+        record_offset: None,
     })?;
     let mut state = DeliveryState::after(None, &latest);
     state.attempts = attempts;
@@ -1409,6 +1416,10 @@ fn attempt_from_cols(c: AttemptCols) -> Result<AttemptRow, StoreError> {
         signing_key_ids: c.signing_key_ids.unwrap_or_default(),
         replay_id: c.replay_id,
         outcome,
+        record: c
+            .record_partition
+            .zip(c.record_offset)
+            .map(|(partition, offset)| RecordPosition { partition, offset }),
     })
 }
 
@@ -1455,6 +1466,8 @@ impl DeliveryStore for ScyllaStore {
                 outcome,
                 next_attempt_at: next_col,
                 dead_reason,
+                record_partition: row.record.map(|r| r.partition),
+                record_offset: row.record.map(|r| r.offset),
                 ttl: self.attempt_ttl,
             },
         );

@@ -1398,7 +1398,7 @@ macro_rules! on_both {
 /// alone by the range, and another endpoint's dead letter in the same DLQ is not touched. Both
 /// replays are audited under the tenant's token. Replaying the first again is refused while
 /// its replay is on its way (the receiver holds that answer, so the attempt log still shows it
-/// dead), and once it was delivered.
+/// dead). Once delivered, it is sent again from its record in the deliveries topic.
 async fn dead_deliveries_replay_through_the_admin_api(on: On) {
     let mut config = test_config(on);
     // Room for the held answer below.
@@ -1481,10 +1481,15 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
     assert_eq!(status, 202, "{answer}");
     assert_eq!(
         (
-            answer["dlq_partition"].as_i64(),
-            answer["dlq_offset"].as_i64()
+            answer["from"]["topic"].as_str(),
+            answer["from"]["partition"].as_i64(),
+            answer["from"]["offset"].as_i64()
         ),
-        (Some(i64::from(at.0)), Some(at.1)),
+        (
+            Some(p.config.kafka.topics.dlq.as_str()),
+            Some(i64::from(at.0)),
+            Some(at.1)
+        ),
         "{answer}"
     );
     let one = answer["replay_id"].as_str().unwrap().to_owned();
@@ -1523,10 +1528,25 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
         succeeded,
     )
     .await;
+    // Delivered, it is sent again from the record its last attempt logged in the deliveries
+    // topic (a customer's "resend"), once: a second ask while that one is held is refused.
+    let (status, answer) = replay_wanted_again().await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(
+        answer["from"]["topic"].as_str(),
+        Some(p.config.kafka.topics.deliveries.as_str()),
+        "{answer}"
+    );
+    let resent = answer["replay_id"].as_str().unwrap().to_owned();
+    let got = r.wait_for(5, WAIT).await;
+    assert_eq!(got[4].header("hookline-replay-id"), Some(resent.as_str()));
+    assert_eq!(verify(&got[4], &secret), "evt_api_replay");
     let (status, answer) = replay_wanted_again().await;
     assert_eq!(status, 409, "{answer}");
     assert!(
-        answer["detail"].as_str().unwrap().contains("is succeeded"),
+        answer["detail"].as_str().unwrap().contains(&format!(
+            "(replay {resent}) and that replay's attempt is not logged"
+        )),
         "{answer}"
     );
 
@@ -1549,8 +1569,8 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
         "{answer}"
     );
     let range = answer["replay_id"].as_str().unwrap().to_owned();
-    let got = r.wait_for(6, WAIT).await;
-    let mut again: Vec<String> = got[4..]
+    let got = r.wait_for(7, WAIT).await;
+    let mut again: Vec<String> = got[5..]
         .iter()
         .map(|g| {
             assert_eq!(g.header("hookline-replay-id"), Some(range.as_str()));
@@ -1588,7 +1608,16 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
             2
         )
     );
-    assert_eq!(r.requests().len(), 6, "nothing more was sent");
+    let (actor, reason, count) = audited(&resent);
+    assert_eq!(
+        (actor.as_str(), reason.as_str(), count),
+        (
+            "with tenant acme's API token",
+            "replayed through the admin API",
+            1
+        )
+    );
+    assert_eq!(r.requests().len(), 7, "nothing more was sent");
     p.stop().await;
 }
 
