@@ -259,11 +259,13 @@ pub struct DeliveryReplay {
     pub from: RecordPosition,
 }
 
-/// Replays one dead-lettered delivery: [`locate`]s its DLQ record, [`claim`]s the delivery
-/// (refused when another replay got to it first) and republishes the record as a replay of
-/// that one offset does, audit entry included. A delivered delivery is sent again from its
-/// record in the deliveries topic instead (see [`resend`]). A replay that surely sent nothing
-/// releases its claim.
+/// Replays one dead-lettered or delivered delivery by its id. Its record is read where its
+/// latest attempt logged it in the deliveries topic (one offset, however large the topics),
+/// and republished as a replay, once the delivery is [`claim`]ed (refused when another replay
+/// got to it first), with an audit entry. A dead delivery whose attempts predate that log, or
+/// whose record is past the deliveries topic's retention, is replayed from its dead letter
+/// instead: [`locate`]d in the DLQ and republished as a replay of that one offset is. A
+/// replay that surely sent nothing releases its claim.
 pub async fn replay_delivery(
     target: &ReplayTarget,
     store: &dyn DeliveryStore,
@@ -271,9 +273,44 @@ pub async fn replay_delivery(
     actor: String,
     reason: String,
 ) -> Result<DeliveryReplay, ReplayError> {
-    if delivery.status == DeliveryStatus::Succeeded {
-        return resend(target, store, delivery, actor, reason).await;
+    let id = &delivery.delivery_id;
+    let attempts = store.attempts(id).await.map_err(ReplayError::Store)?;
+    let logged = attempts
+        .iter()
+        .max_by_key(|a| a.started_at)
+        .and_then(|a| a.record);
+    let dead = delivery.status == DeliveryStatus::Dead;
+    let Some(at) = logged else {
+        if dead {
+            return from_dead_letter(target, store, delivery, actor, reason).await;
+        }
+        return Err(ReplayError::RecordNotKept {
+            delivery: id.to_string(),
+        });
+    };
+    let topic = target.deliveries.clone();
+    match read_record(target, &topic, at).await? {
+        Some(record) if record.delivery_id == *id => {
+            send_again(target, store, delivery, record, at, actor, reason).await
+        }
+        _ if dead => from_dead_letter(target, store, delivery, actor, reason).await,
+        _ => Err(ReplayError::RecordGone {
+            delivery: id.to_string(),
+            topic,
+            at,
+        }),
     }
+}
+
+/// Replays a dead delivery from its dead letter: [`locate`]s it in the DLQ, [`claim`]s the
+/// delivery and republishes the record as a replay of that one offset does.
+async fn from_dead_letter(
+    target: &ReplayTarget,
+    store: &dyn DeliveryStore,
+    delivery: &DeliveryState,
+    actor: String,
+    reason: String,
+) -> Result<DeliveryReplay, ReplayError> {
     let from = locate(target, delivery)
         .await?
         .ok_or_else(|| ReplayError::DeadLetterGone {
@@ -318,34 +355,19 @@ pub async fn replay_delivery(
     })
 }
 
-/// Sends a delivered delivery again: reads the record its latest attempt sent, at the place
-/// in the deliveries topic that attempt logged, [`claim`]s the delivery and republishes the
-/// record as a replay, with an audit entry.
-async fn resend(
+/// Republishes `record`, read at `at` in the deliveries topic, as a replay of `delivery`
+/// once it is [`claim`]ed, with an audit entry.
+async fn send_again(
     target: &ReplayTarget,
     store: &dyn DeliveryStore,
     delivery: &DeliveryState,
+    record: DeliveryRecord,
+    at: RecordPosition,
     actor: String,
     reason: String,
 ) -> Result<DeliveryReplay, ReplayError> {
     let id = &delivery.delivery_id;
-    let attempts = store.attempts(id).await.map_err(ReplayError::Store)?;
-    let from = attempts
-        .iter()
-        .max_by_key(|a| a.started_at)
-        .and_then(|a| a.record)
-        .ok_or_else(|| ReplayError::RecordNotKept {
-            delivery: id.to_string(),
-        })?;
     let topic = target.deliveries.clone();
-    let record = read_record(target, &topic, from)
-        .await?
-        .filter(|r| r.delivery_id == *id)
-        .ok_or_else(|| ReplayError::RecordGone {
-            delivery: id.to_string(),
-            topic: topic.clone(),
-            at: from,
-        })?;
     let republisher = Republisher::new(target)?;
     let replay_id = new_replay_id();
     claim(store, delivery, &replay_id, true).await?;
@@ -353,7 +375,7 @@ async fn resend(
         .republish(record, &replay_id, API_PUBLISH_DEADLINE, store)
         .await
     {
-        // Not released: the record may still arrive (see `replay_delivery`).
+        // Not released: the record may still arrive (see `from_dead_letter`).
         return Err(ReplayError::NotAcknowledged {
             topic,
             deadline: API_PUBLISH_DEADLINE,
@@ -366,8 +388,10 @@ async fn resend(
         reason,
         at: SystemTime::now(),
         scope: format!(
-            "{topic} partition {} offset {} (delivery {id}, delivered, sent again)",
-            from.partition, from.offset
+            "{topic} partition {} offset {} (delivery {id}, {}, sent again)",
+            at.partition,
+            at.offset,
+            delivery.status.as_str()
         ),
         count: 1,
         dry_run: false,
@@ -382,7 +406,7 @@ async fn resend(
     Ok(DeliveryReplay {
         replay_id,
         topic,
-        from,
+        from: at,
     })
 }
 

@@ -1390,15 +1390,18 @@ macro_rules! on_both {
     };
 }
 
-/// A tenant replays its dead deliveries through the admin API, as a customer's dashboard
-/// would: first one by id, asked twice at the same moment, which replays it once and refuses
-/// the other (hookline finds its dead letter among others in the DLQ), then the
-/// rest of the endpoint's since the test began. Each is sent again once, with the same
-/// webhook-id and the replay id in a header; the one replayed by id, delivered since, is left
-/// alone by the range, and another endpoint's dead letter in the same DLQ is not touched. Both
-/// replays are audited under the tenant's token. Replaying the first again is refused while
-/// its replay is on its way (the receiver holds that answer, so the attempt log still shows it
-/// dead). Once delivered, it is sent again from its record in the deliveries topic.
+/// A tenant replays its deliveries through the admin API, as a customer's dashboard would:
+/// - one dead delivery by id, asked twice at the same moment: replayed once, from the record
+///   its attempt logged in the deliveries topic, and the other ask refused; asked again while
+///   that replay's answer is held (the attempt log still shows it dead): refused;
+/// - once delivered, the same one again (a resend), from its record in the deliveries topic;
+/// - a dead delivery whose attempt row predates that log, from its dead letter in the DLQ,
+///   found among others;
+/// - the rest of the endpoint's dead deliveries since the test began, which leaves the ones
+///   replayed by id alone and another endpoint's dead letter in the same DLQ untouched.
+///
+/// Each is sent with the same webhook-id and its replay id in a header, and audited under the
+/// tenant's token.
 async fn dead_deliveries_replay_through_the_admin_api(on: On) {
     let mut config = test_config(on);
     // Room for the held answer below.
@@ -1438,11 +1441,16 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
     let delivery =
         |event: &str| hookline::id::DeliveryId::derive(&EventId::parse(event).unwrap(), &endpoint);
     let wanted = delivery("evt_api_replay");
+    let before = delivery("evt_before");
     let at = dlq
         .iter()
-        .find(|m| dead_record(m).delivery_id == wanted)
+        .find(|m| dead_record(m).delivery_id == before)
         .map(|m| (m.partition(), m.offset()))
-        .expect("the delivery's dead letter");
+        .expect("evt_before's dead letter");
+    let store = p.handles.store.clone();
+    let logged = store.attempts(&wanted).await.unwrap()[0]
+        .record
+        .expect("an attempt logs where its record is");
     // Every dead delivery's attempt is logged before its dead letter is written.
     fixed.store(true, std::sync::atomic::Ordering::SeqCst);
     let api = admin_api(&p);
@@ -1479,16 +1487,20 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
         "{refusal}"
     );
     assert_eq!(status, 202, "{answer}");
-    assert_eq!(
+    // Read where its attempt logged it, not searched for in the DLQ.
+    let from = |answer: &serde_json::Value| {
         (
-            answer["from"]["topic"].as_str(),
+            answer["from"]["topic"].as_str().map(str::to_owned),
             answer["from"]["partition"].as_i64(),
-            answer["from"]["offset"].as_i64()
-        ),
+            answer["from"]["offset"].as_i64(),
+        )
+    };
+    assert_eq!(
+        from(&answer),
         (
-            Some(p.config.kafka.topics.dlq.as_str()),
-            Some(i64::from(at.0)),
-            Some(at.1)
+            Some(p.config.kafka.topics.deliveries.clone()),
+            Some(i64::from(logged.partition)),
+            Some(logged.offset)
         ),
         "{answer}"
     );
@@ -1510,7 +1522,6 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
         )),
         "{answer}"
     );
-    let store = p.handles.store.clone();
     let state = |id: hookline::id::DeliveryId| {
         let store = store.clone();
         move || {
@@ -1533,7 +1544,7 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
     let (status, answer) = replay_wanted_again().await;
     assert_eq!(status, 202, "{answer}");
     assert_eq!(
-        answer["from"]["topic"].as_str(),
+        from(&answer).0.as_deref(),
         Some(p.config.kafka.topics.deliveries.as_str()),
         "{answer}"
     );
@@ -1550,6 +1561,34 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
         "{answer}"
     );
 
+    // A dead delivery whose attempts were logged before hookline kept their records' place
+    // (a row as an older release wrote it) is replayed from its dead letter in the DLQ.
+    let mut old_row = store.attempts(&before).await.unwrap().pop().unwrap();
+    old_row.record = None;
+    old_row.started_at += Duration::from_millis(1);
+    store.record_attempt(&old_row).await.unwrap();
+    let (status, answer) = api_post(
+        &api,
+        ACME_TOKEN,
+        &format!("/v1/deliveries/{before}/replay"),
+        "",
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(
+        from(&answer),
+        (
+            Some(p.config.kafka.topics.dlq.clone()),
+            Some(i64::from(at.0)),
+            Some(at.1)
+        ),
+        "{answer}"
+    );
+    let from_dlq = answer["replay_id"].as_str().unwrap().to_owned();
+    let got = r.wait_for(6, WAIT).await;
+    assert_eq!(got[5].header("hookline-replay-id"), Some(from_dlq.as_str()));
+    assert_eq!(verify(&got[5], &secret), "evt_before");
+
     let since = humantime::format_rfc3339_millis(began).to_string();
     let (status, answer) = api_post(
         &api,
@@ -1565,20 +1604,13 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
             answer["skipped"].as_u64(),
             answer["complete"].as_bool()
         ),
-        (Some(2), Some(1), Some(true)),
+        (Some(1), Some(2), Some(true)),
         "{answer}"
     );
     let range = answer["replay_id"].as_str().unwrap().to_owned();
     let got = r.wait_for(7, WAIT).await;
-    let mut again: Vec<String> = got[5..]
-        .iter()
-        .map(|g| {
-            assert_eq!(g.header("hookline-replay-id"), Some(range.as_str()));
-            verify(g, &secret)
-        })
-        .collect();
-    again.sort();
-    assert_eq!(again, ["evt_after", "evt_before"]);
+    assert_eq!(got[6].header("hookline-replay-id"), Some(range.as_str()));
+    assert_eq!(verify(&got[6], &secret), "evt_after");
     for event in ["evt_before", "evt_after"] {
         eventually(event, state(delivery(event)), succeeded).await;
     }
@@ -1605,7 +1637,7 @@ async fn dead_deliveries_replay_through_the_admin_api(on: On) {
         (
             "with tenant acme's API token".into(),
             "outage over".into(),
-            2
+            1
         )
     );
     let (actor, reason, count) = audited(&resent);
