@@ -218,7 +218,9 @@ pub fn tls_context(
         Some(tls) => {
             let (tls, watch) = tls::client_config(tls)?;
             // Ends once every session using these settings is gone.
-            tokio::spawn(watch.run(tls::WATCH_EVERY));
+            if watch.watches_files() {
+                tokio::spawn(watch.run(tls::WATCH_EVERY));
+            }
             Some(Arc::new(tls))
         }
         None => None,

@@ -36,7 +36,13 @@ use crate::telemetry;
 pub fn client_config(tls: &CqlTls) -> Result<(rustls::ClientConfig, Watch), ConfigError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = NodeVerifier::new(tls, provider.clone())?;
-    let mut watch = Watch(vec![Arc::downgrade(&verifier.roots) as Weak<dyn Refresh>]);
+    // Mozilla's roots are compiled in: only a CA file is watched.
+    let mut watch = Watch(Vec::new());
+    if tls.ca_file.is_some() {
+        watch
+            .0
+            .push(Arc::downgrade(&verifier.roots) as Weak<dyn Refresh>);
+    }
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid("tls", format!("cannot be set up: {e}")))?
@@ -70,6 +76,12 @@ pub const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 pub struct Watch(Vec<Weak<dyn Refresh>>);
 
 impl Watch {
+    /// Whether any file is watched: with Mozilla's roots and no client certificate, none is,
+    /// and no task need run.
+    pub fn watches_files(&self) -> bool {
+        !self.0.is_empty()
+    }
+
     /// Reads the files again whenever they changed, every `every`, until the TLS settings are
     /// dropped: a rotation that cannot be used shows in `hookline_store_tls_files_refused` (and
     /// its alert) when it happens, not at the next connection, which may come weeks later, as
@@ -510,6 +522,21 @@ mod tests {
             .await
             .expect("the watch ends once its TLS settings are dropped")
             .unwrap();
+    }
+
+    #[test]
+    fn only_settings_with_files_are_watched() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/storage/scylla/testdata");
+        let mozilla = CqlTls::default();
+        let (_, watch) = client_config(&mozilla).unwrap();
+        assert!(!watch.watches_files(), "Mozilla's roots are compiled in");
+        let with_cert = CqlTls {
+            cert_file: Some(dir.join("expires-2036.pem")),
+            key_file: Some(dir.join("expires-2036.key")),
+            ..mozilla.clone()
+        };
+        let (_, watch) = client_config(&with_cert).unwrap();
+        assert!(watch.watches_files(), "the client certificate's files");
     }
 
     #[test]
