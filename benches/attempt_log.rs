@@ -2,6 +2,9 @@
 //! 127.0.0.1:9042 (`tests/services up`), at the delivery stage's concurrency (64 and 256
 //! attempts in flight). Creates and drops its own keyspace.
 //!
+//! Then it times, one delivery after another, the store's part of a replay through the admin
+//! API: the mark and claim reads, the claim (a lightweight transaction) and the mark.
+//!
 //! `cargo bench --bench attempt_log`; `HOOKLINE_BENCH_SECS` (default 10) sets each run's length,
 //! `HOOKLINE_BENCH_MAX_WRITES` the store's `max_concurrent_writes` (default: the config default),
 //! `HOOKLINE_BENCH_CQL_USER` / `HOOKLINE_BENCH_CQL_PASSWORD` the login (default cassandra/cassandra,
@@ -26,7 +29,7 @@ use hookline::migrate::{MIGRATIONS, migrate};
 use hookline::retry_policy::DeadReason;
 use hookline::storage::conformance::attempt_row;
 use hookline::storage::scylla::{CqlPassword, ScyllaConfig, ScyllaStore, connect_session};
-use hookline::storage::{AttemptOutcome, AttemptRow, DeliveryStore};
+use hookline::storage::{AttemptOutcome, AttemptRow, DeliveryStore, ReplayMark};
 
 const CQL_ADDR: &str = "127.0.0.1:9042";
 /// Endpoints of the modelled delivery stage; every event goes to each.
@@ -120,6 +123,69 @@ async fn run(store: Arc<ScyllaStore>, concurrency: usize, length: Duration, next
     );
 }
 
+/// What a replay through the admin API asks the store per delivery besides reading its
+/// attempts, one delivery after another as an endpoint-range replay does: the mark and the claim
+/// read (a serial read), the claim (a lightweight transaction) and, once the record is
+/// acknowledged, the mark. `count` deliveries already logged (rows `0..count`).
+async fn claims(store: &ScyllaStore, count: u64) {
+    let mut steps: [Vec<Duration>; 4] = Default::default();
+    let mut whole = Vec::new();
+    for n in 0..count {
+        let id = row(n).delivery_id;
+        let mark = ReplayMark {
+            delivery_id: id.clone(),
+            replay_id: format!("rpl_bench_{n}"),
+            at: SystemTime::now(),
+        };
+        let began = Instant::now();
+        let mut t = Instant::now();
+        let mut lap = |i: usize, t: &mut Instant| {
+            steps[i].push(t.elapsed());
+            *t = Instant::now();
+        };
+        store.replay_mark(&id).await.expect("mark read");
+        lap(0, &mut t);
+        let over = store.replay_claim(&id).await.expect("claim read");
+        lap(1, &mut t);
+        let over = over.map(|c| c.replay_id);
+        assert!(
+            store
+                .claim_replay(&mark, over.as_deref())
+                .await
+                .expect("claim"),
+            "nothing else claims here"
+        );
+        lap(2, &mut t);
+        store.record_replay_mark(&mark).await.expect("mark");
+        lap(3, &mut t);
+        whole.push(began.elapsed());
+    }
+    let p = |v: &mut Vec<Duration>, q: f64| {
+        v.sort();
+        v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    };
+    let names = [
+        "mark read",
+        "claim read (serial)",
+        "claim (LWT)",
+        "mark write",
+    ];
+    for (name, v) in names.iter().zip(steps.iter_mut()) {
+        println!(
+            "replay, per delivery: {name:<20} p50 {:>5.2} ms, p99 {:>5.2} ms",
+            p(v, 0.5),
+            p(v, 0.99)
+        );
+    }
+    println!(
+        "replay, per delivery: all four, one after another: p50 {:>5.2} ms, p99 {:>5.2} ms \
+         ({count} deliveries)",
+        p(&mut whole, 0.5),
+        p(&mut whole, 0.99)
+    );
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -185,6 +251,7 @@ fn main() {
         for concurrency in [64, 256] {
             run(store.clone(), concurrency, length, next.clone()).await;
         }
+        claims(&store, if smoke { 20 } else { 500 }).await;
         let drop = format!("DROP KEYSPACE IF EXISTS {}", config.keyspace);
         if let Err(e) = session.query_unpaged(drop, ()).await {
             eprintln!("could not drop {}: {e}", config.keyspace);
