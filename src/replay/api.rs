@@ -576,6 +576,11 @@ pub async fn replay_endpoint(
                 done.skipped += 1;
                 continue;
             }
+            // What was republished before this one stands: say only that the log stopped.
+            Err(ReplayError::Store(e)) => {
+                done.resume_since = Some(here());
+                break Some(format!("the attempt log did not answer: {e}"));
+            }
             Err(e) => {
                 done.resume_since = Some(here());
                 break Some(e.to_string());
