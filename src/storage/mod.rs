@@ -165,10 +165,12 @@ pub struct ReplayAudit {
     pub dry_run: bool,
 }
 
-/// The latest replay that republished a delivery, or (as a claim) that set out to. A replay notes it once the deliveries topic has
-/// the record, so that a second replay asked for before that record's first attempt is logged
-/// (the attempt log still shows the delivery dead) can tell that it is already on its way and
-/// does not send it twice. It is settled once an attempt carrying its `replay_id` is logged.
+/// The latest replay that republished a delivery (a mark), or that set out to (a claim). A
+/// replay marks it once the deliveries topic has the record, so that a second replay asked for
+/// before that record's first attempt is logged (the attempt log still shows the delivery as it
+/// was) can tell that it is already on its way and does not send it twice. It is settled once
+/// an attempt carrying its `replay_id` is logged. A claim, made before the record is sent,
+/// keeps two replays asked for at the same moment from both sending it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplayMark {
     /// The delivery republished.
