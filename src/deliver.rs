@@ -567,6 +567,15 @@ impl DeliverDeps {
     }
 }
 
+/// Where the record at `offset` of `tp` (a deliveries topic partition) is, as an attempt row
+/// logs it.
+fn record_position(tp: &Tp, offset: i64) -> RecordPosition {
+    RecordPosition {
+        partition: tp.1,
+        offset,
+    }
+}
+
 /// The Kafka record for `record` on `topic`.
 pub fn outgoing(topic: Arc<str>, record: &DeliveryRecord) -> Outgoing {
     Outgoing {
@@ -1135,10 +1144,7 @@ impl Stage {
                 record,
                 endpoint,
             } = q;
-            let read_at = RecordPosition {
-                partition: tp.1,
-                offset,
-            };
+            let read_at = record_position(&tp, offset);
             let slot = Slot {
                 permit: Some(permit),
                 done: done.clone(),
@@ -1191,10 +1197,7 @@ impl Stage {
         let deps = self.deps.clone();
         let producer = self.producer.clone();
         let stop = self.stop.clone();
-        let read_at = RecordPosition {
-            partition: tp.1,
-            offset,
-        };
+        let read_at = record_position(&tp, offset);
         self.spawn_settling(tp, offset, async move {
             match deps.refuse(record, Some(read_at), reason, &stop).await {
                 Some(AttemptReport {

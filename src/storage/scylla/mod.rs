@@ -327,10 +327,7 @@ impl Statements {
         // retried by the driver (a conditional write sent twice may report its own first
         // write as a rival's), serial within the local datacenter.
         let lwt = |cql: String, read: bool| async move {
-            let mut st = session
-                .prepare(cql.as_str())
-                .await
-                .map_err(|e| ScyllaError::Cql(format!("preparing {cql:?}: {e}")))?;
+            let mut st = p(cql).await?;
             st.set_is_idempotent(false);
             st.set_serial_consistency(Some(SerialConsistency::LocalSerial));
             if read {
