@@ -10,8 +10,7 @@ use std::time::{Duration, SystemTime};
 use super::scan::{DlqScan, ScanEnd, unix_millis};
 use super::{
     KAFKA_TIMEOUT, POLL_WAIT, ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, Republisher,
-    StopCause, check, dlq_consumer, kafka_failure, new_replay_id, read_error_is_final,
-    record_audit,
+    check, dlq_consumer, kafka_failure, new_replay_id, read_error_is_final, record_audit,
 };
 use crate::id::{DeliveryId, EndpointId};
 use crate::record::DeliveryRecord;
@@ -236,17 +235,6 @@ async fn claim(
     )))
 }
 
-/// Drops replay `replay_id`'s claim on `id` when it did not republish it, so that a replay
-/// asked for next need not wait [`CLAIM_LIMIT`]; a release the store does not take is logged,
-/// and the claim lapses at that limit.
-async fn release(store: &dyn DeliveryStore, id: &DeliveryId, replay_id: &str) {
-    if let Err(error) = store.release_replay_claim(id, replay_id).await {
-        tracing::warn!(delivery = %id, replay_id, %error,
-            "a replay that did not republish a delivery could not release its claim on it; \
-             other replays of it are refused until the claim lapses");
-    }
-}
-
 /// What [`replay_delivery`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryReplay {
@@ -264,8 +252,8 @@ pub struct DeliveryReplay {
 /// and republished as a replay, once the delivery is [`claim`]ed (refused when another replay
 /// got to it first), with an audit entry. A dead delivery whose attempts predate that log, or
 /// whose record is past the deliveries topic's retention, is replayed from its dead letter
-/// instead: [`locate`]d in the DLQ and republished as a replay of that one offset is. A
-/// replay that surely sent nothing releases its claim.
+/// instead: [`locate`]d in the DLQ and republished the same way. The delivery is claimed only
+/// once its record is read, so a replay that cannot read it holds nothing.
 pub async fn replay_delivery(
     target: &ReplayTarget,
     store: &dyn DeliveryStore,
@@ -291,7 +279,8 @@ pub async fn replay_delivery(
     let topic = target.deliveries.clone();
     match read_record(target, &topic, at).await? {
         Some(record) if record.delivery_id == *id => {
-            send_again(target, store, delivery, record, at, actor, reason).await
+            let from = Source { topic, at };
+            send_again(target, store, delivery, record, from, actor, reason).await
         }
         _ if dead => from_dead_letter(target, store, delivery, actor, reason).await,
         _ => Err(ReplayError::RecordGone {
@@ -302,8 +291,8 @@ pub async fn replay_delivery(
     }
 }
 
-/// Replays a dead delivery from its dead letter: [`locate`]s it in the DLQ, [`claim`]s the
-/// delivery and republishes the record as a replay of that one offset does.
+/// Replays a dead delivery from its dead letter: [`locate`]s it in the DLQ, reads that one
+/// record and [`send_again`]s it.
 async fn from_dead_letter(
     target: &ReplayTarget,
     store: &dyn DeliveryStore,
@@ -311,63 +300,42 @@ async fn from_dead_letter(
     actor: String,
     reason: String,
 ) -> Result<DeliveryReplay, ReplayError> {
-    let from = locate(target, delivery)
+    let gone = || ReplayError::DeadLetterGone {
+        delivery: delivery.delivery_id.to_string(),
+        dlq: target.dlq.clone(),
+    };
+    let at = locate(target, delivery).await?.ok_or_else(gone)?;
+    let record = read_record(target, &target.dlq, at)
         .await?
-        .ok_or_else(|| ReplayError::DeadLetterGone {
-            delivery: delivery.delivery_id.to_string(),
-            dlq: target.dlq.clone(),
-        })?;
-    let request = ReplayRequest {
-        partition: from.partition,
-        from_offset: from.offset,
-        to_offset: from.offset,
-        endpoint: Some(delivery.endpoint_id.clone()),
-        actor,
-        reason,
-        dry_run: false,
-    };
-    let checked = check(target, &request).await?;
-    let replay_id = new_replay_id();
-    claim(store, delivery, &replay_id, false).await?;
-    let ran = checked
-        .replay_id(replay_id.clone())
-        .idle_limit(API_IDLE_LIMIT)
-        .publish_deadline(API_PUBLISH_DEADLINE)
-        .run(store, &mut |_, _| {})
-        .await;
-    // Released only when nothing may have been sent: a record the deliveries topic did not
-    // acknowledge in time may still arrive, and its claim holds it until CLAIM_LIMIT.
-    let maybe_sent = match &ran {
-        Ok(summary) => summary.replayed > 0,
-        Err(ReplayError::Incomplete(stop)) => {
-            stop.replayed > 0 || matches!(stop.cause, StopCause::Publish { .. })
-        }
-        Err(_) => true,
-    };
-    if !maybe_sent {
-        release(store, &delivery.delivery_id, &replay_id).await;
-    }
-    ran?;
-    Ok(DeliveryReplay {
-        replay_id,
+        .filter(|r| r.delivery_id == delivery.delivery_id && r.dead.is_some())
+        .ok_or_else(gone)?;
+    let from = Source {
         topic: target.dlq.clone(),
-        from,
-    })
+        at,
+    };
+    send_again(target, store, delivery, record, from, actor, reason).await
 }
 
-/// Republishes `record`, read at `at` in the deliveries topic, as a replay of `delivery`
-/// once it is [`claim`]ed, with an audit entry.
+/// Where a replayed record was read.
+struct Source {
+    topic: String,
+    at: RecordPosition,
+}
+
+/// Republishes `record`, read at `from`, as a replay of `delivery` once it is [`claim`]ed,
+/// with an audit entry. A claim whose record the deliveries topic did not acknowledge in time
+/// is not released: the record may still arrive, and the claim holds the delivery until
+/// [`CLAIM_LIMIT`].
 async fn send_again(
     target: &ReplayTarget,
     store: &dyn DeliveryStore,
     delivery: &DeliveryState,
     record: DeliveryRecord,
-    at: RecordPosition,
+    from: Source,
     actor: String,
     reason: String,
 ) -> Result<DeliveryReplay, ReplayError> {
     let id = &delivery.delivery_id;
-    let topic = target.deliveries.clone();
     let republisher = Republisher::new(target)?;
     let replay_id = new_replay_id();
     claim(store, delivery, &replay_id, true).await?;
@@ -375,13 +343,13 @@ async fn send_again(
         .republish(record, &replay_id, API_PUBLISH_DEADLINE, store)
         .await
     {
-        // Not released: the record may still arrive (see `from_dead_letter`).
         return Err(ReplayError::NotAcknowledged {
-            topic,
+            topic: target.deliveries.clone(),
             deadline: API_PUBLISH_DEADLINE,
         });
     }
     telemetry::replayed(1);
+    let Source { topic, at } = from;
     let audit = ReplayAudit {
         replay_id: replay_id.clone(),
         actor,
@@ -765,17 +733,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_released_claim_frees_the_delivery_and_a_settled_one_does_not_hold_it() {
+    async fn a_claim_holds_the_delivery_until_its_replay_settles() {
         let store = MemoryStore::default();
         let delivery = dead_delivery(&store).await;
         let id = &delivery.delivery_id;
-        claim(&store, &delivery, "rpl_a", false).await.unwrap();
+        claim(&store, &delivery, "rpl_b", false).await.unwrap();
         assert!(matches!(
-            claim(&store, &delivery, "rpl_b", false).await,
+            claim(&store, &delivery, "rpl_x", false).await,
             Err(ReplayError::Refused(_))
         ));
-        release(&store, id, "rpl_a").await;
-        claim(&store, &delivery, "rpl_b", false).await.unwrap();
         // rpl_b republished it and marked it: on its way until its attempt is logged.
         let mark = ReplayMark {
             delivery_id: id.clone(),

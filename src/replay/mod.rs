@@ -632,8 +632,6 @@ pub struct Checked<'a> {
     idle_limit: Duration,
     /// See [`Checked::publish_deadline`].
     publish_deadline: Duration,
-    /// See [`Checked::replay_id`].
-    replay_id: Option<String>,
 }
 
 /// Checks `request` locally ([`ReplayRequest::validate`]), then with the brokers: the DLQ topic
@@ -681,7 +679,6 @@ pub async fn check<'a>(
         total,
         idle_limit: IDLE_LIMIT,
         publish_deadline: PUBLISH_DEADLINE,
-        replay_id: None,
     })
 }
 
@@ -716,13 +713,6 @@ impl Checked<'_> {
         self
     }
 
-    /// Sets the replay's id, one the caller made with [`new_replay_id`] (and claimed its
-    /// delivery with); a fresh one unless set.
-    pub fn replay_id(mut self, replay_id: String) -> Self {
-        self.replay_id = Some(replay_id);
-        self
-    }
-
     /// Republishes the checked range (unless a dry run) and records the audit entry in `store`.
     /// A replay that stops short of the range's end fails with [`ReplayError::Incomplete`],
     /// after recording an audit entry for the part it covered.
@@ -739,9 +729,8 @@ impl Checked<'_> {
             total,
             idle_limit,
             publish_deadline,
-            replay_id,
         } = self;
-        let replay_id = replay_id.unwrap_or_else(new_replay_id);
+        let replay_id = new_replay_id();
         let republisher = Republisher::new(target)?;
         let mut summary = ReplaySummary {
             replay_id: replay_id.clone(),

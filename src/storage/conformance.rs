@@ -411,18 +411,15 @@ async fn replay_claims<S: DeliveryStore + ?Sized>(store: &S) {
     );
     assert!(store.claim_replay(&claim(&b, 2), Some(&a)).await.unwrap());
     assert_eq!(store.replay_claim(id).await.unwrap(), Some(claim(&b, 2)));
-    store.release_replay_claim(id, &a).await.unwrap();
-    assert_eq!(
-        store.replay_claim(id).await.unwrap(),
-        Some(claim(&b, 2)),
-        "an earlier replay releases only its own claim"
-    );
-    store.release_replay_claim(id, &b).await.unwrap();
-    assert_eq!(store.replay_claim(id).await.unwrap(), None, "released");
     assert!(
-        store.claim_replay(&claim(&c, 3), None).await.unwrap(),
-        "a released delivery can be claimed again"
+        !store.claim_replay(&claim(&c, 3), Some(&a)).await.unwrap(),
+        "a claim over a replaced one loses"
     );
+    assert!(
+        store.claim_replay(&claim(&c, 3), Some(&b)).await.unwrap(),
+        "a claim over the latest one wins"
+    );
+    assert_eq!(store.replay_claim(id).await.unwrap(), Some(claim(&c, 3)));
     let other = attempt_row(&unique("evt"), &unique("ep"), 1);
     store.record_attempt(&other).await.unwrap();
     assert_eq!(

@@ -83,11 +83,4 @@ impl<H: Hooks> DeliveryStore for Hooked<H> {
     ) -> Result<bool, StoreError> {
         self.inner.claim_replay(claim, over).await
     }
-    async fn release_replay_claim(
-        &self,
-        id: &DeliveryId,
-        replay_id: &str,
-    ) -> Result<(), StoreError> {
-        self.inner.release_replay_claim(id, replay_id).await
-    }
 }

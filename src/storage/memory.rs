@@ -323,22 +323,6 @@ impl DeliveryStore for MemoryStore {
         entry.claim = Some(claim.clone());
         Ok(true)
     }
-
-    async fn release_replay_claim(
-        &self,
-        id: &DeliveryId,
-        replay_id: &str,
-    ) -> Result<(), StoreError> {
-        if let Some(entry) = self.lock().deliveries.get_mut(id)
-            && entry
-                .claim
-                .as_ref()
-                .is_some_and(|c| c.replay_id == replay_id)
-        {
-            entry.claim = None;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -260,13 +260,6 @@ pub trait DeliveryStore: Send + Sync + 'static {
         claim: &ReplayMark,
         over: Option<&str>,
     ) -> Result<bool, StoreError>;
-    /// Drops replay `replay_id`'s claim on delivery `id`, if it is still the latest: the
-    /// replay did not republish it after all, and another may at once.
-    async fn release_replay_claim(
-        &self,
-        id: &DeliveryId,
-        replay_id: &str,
-    ) -> Result<(), StoreError>;
 }
 
 impl DeliveryState {

@@ -306,7 +306,6 @@ struct Statements {
     select_replay_claim: PreparedStatement,
     insert_replay_claim: PreparedStatement,
     update_replay_claim: PreparedStatement,
-    delete_replay_claim: PreparedStatement,
     select_dead: PreparedStatement,
     select_dead_before: PreparedStatement,
 }
@@ -408,11 +407,6 @@ impl Statements {
                     "UPDATE {ks}.replay_claims USING TTL :ttl SET replay_id = :replay_id, \
                      at = :at WHERE delivery_id = :delivery_id IF replay_id = :over"
                 ),
-                false,
-            )
-            .await?,
-            delete_replay_claim: lwt(
-                format!("DELETE FROM {ks}.replay_claims WHERE delivery_id = ? IF replay_id = ?"),
                 false,
             )
             .await?,
@@ -1774,19 +1768,6 @@ impl DeliveryStore for ScyllaStore {
         }
         .map_err(exec_error)?;
         lwt_applied(result, replay_id)
-    }
-
-    async fn release_replay_claim(
-        &self,
-        id: &DeliveryId,
-        replay_id: &str,
-    ) -> Result<(), StoreError> {
-        let _permit = self.permit().await?;
-        self.session
-            .execute_unpaged(&self.st.delete_replay_claim, (id.as_str(), replay_id))
-            .await
-            .map(|_| ())
-            .map_err(exec_error)
     }
 }
 
