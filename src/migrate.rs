@@ -60,10 +60,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "attempt_records",
         cql: include_str!("../schemas/cql/005_attempt_records.cql"),
     },
+    Migration {
+        version: 6,
+        name: "replay_tenants",
+        cql: include_str!("../schemas/cql/006_replay_tenants.cql"),
+    },
 ];
 
 /// The newest schema version this binary knows (and needs).
-pub const LATEST_VERSION: u32 = 5;
+pub const LATEST_VERSION: u32 = 6;
 
 /// A version recorded in `schema_migrations`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -584,6 +589,10 @@ mod tests {
             (
                 4,
                 "3da9db5ef009d74b5b161218c520e107563c72b86ef90768b053962e04a2889a",
+            ),
+            (
+                5,
+                "4690a335784d02086d41b2f9e07c1821a4db68a89df38b4fc3be37badb6c2810",
             ),
         ];
         for (version, sha) in released {

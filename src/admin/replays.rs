@@ -1,13 +1,13 @@
 //! Replays through the API and their audit trail.
 //!
-//! A tenant (or an operator) sends again one dead delivery (`POST /v1/deliveries/{id}/replay`)
-//! or every dead delivery of one endpoint within a time range (`POST
-//! /v1/endpoints/{id}/replay`), as a customer's dashboard would once the receiver is fixed.
-//! hookline finds their records in the DLQ and republishes them as `hookline replay` does:
-//! same `webhook-id`, a fresh retry window, the replay id in `hookline-replay-id`, one audit
-//! entry per request. `GET /v1/replays` lists the audit trail (who replayed what, why, when and
-//! how many, newest first), for operators only, since one `hookline replay` may cover many
-//! tenants' deliveries.
+//! A tenant (or an operator) sends again one dead or delivered delivery (`POST
+//! /v1/deliveries/{id}/replay`) or every dead delivery of one endpoint within a time range
+//! (`POST /v1/endpoints/{id}/replay`), as a customer's dashboard would once the receiver is
+//! fixed: same `webhook-id`, a fresh retry window, the replay id in `hookline-replay-id`, one
+//! audit entry per request, naming the tenant. `GET /v1/replays` lists the audit trail (who
+//! replayed what, why, when and how many, newest first): all of it for operators, and a
+//! tenant's own replays for its tokens, since one `hookline replay` may cover many tenants'
+//! deliveries.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -61,6 +61,9 @@ pub struct ReplayEntry {
     pub count: u64,
     /// Whether nothing was republished on purpose.
     pub dry_run: bool,
+    /// The tenant whose deliveries it covered, when it covered one tenant's alone; `null` for
+    /// a range of DLQ offsets (and for entries written before schema version 6).
+    pub tenant: Option<String>,
 }
 
 impl ReplayEntry {
@@ -73,6 +76,7 @@ impl ReplayEntry {
             scope: a.scope.clone(),
             count: a.count,
             dry_run: a.dry_run,
+            tenant: a.tenant.as_ref().map(ToString::to_string),
         }
     }
 }
@@ -178,18 +182,14 @@ pub async fn replay_range(
     ))
 }
 
-/// `GET /v1/replays?limit=`: the latest replays, newest first; operators only (403 for a
-/// tenant token).
+/// `GET /v1/replays?limit=`: the latest replays, newest first. An operator token reads every
+/// one; a tenant token those that covered its own deliveries alone (by delivery id or by
+/// endpoint), since a range of DLQ offsets may hold many tenants' deliveries.
 pub async fn list(
     State(state): State<AdminState>,
     caller: Caller,
     q: Result<ApiQuery<ReplaysParams>, ApiError>,
 ) -> Result<Json<ReplayList>, ApiError> {
-    if caller.tenant().is_some() {
-        return Err(ApiError::Forbidden(
-            "the replay audit trail is for operator tokens: an entry may cover many tenants".into(),
-        ));
-    }
     let ApiQuery(params) = q?;
     let limit = limit(
         params.limit.as_deref(),
@@ -198,7 +198,7 @@ pub async fn list(
     )?;
     let audits = state
         .deliveries
-        .replays(u32::try_from(limit).unwrap_or(u32::MAX))
+        .replays(caller.tenant(), u32::try_from(limit).unwrap_or(u32::MAX))
         .await?;
     Ok(Json(ReplayList {
         data: audits.iter().map(ReplayEntry::of).collect(),
@@ -469,6 +469,7 @@ pub async fn replay_endpoint(
     takes_replays(&state, &endpoint.id)?;
     let request = EndpointReplayRequest {
         endpoint: endpoint.id.clone(),
+        tenant: endpoint.tenant.clone(),
         since,
         until,
         actor,

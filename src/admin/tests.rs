@@ -2148,7 +2148,7 @@ async fn a_delivery_another_replay_has_claimed_is_left_to_it() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn operators_read_the_replay_audit_trail_newest_first() {
+async fn the_replay_audit_trail_is_read_newest_first_and_tenants_read_their_own() {
     let f = fixture();
     for (i, actor) in ["oncall", "alice (with tenant acme's API token)"]
         .iter()
@@ -2163,6 +2163,7 @@ async fn operators_read_the_replay_audit_trail_newest_first() {
                 scope: "hookline.dlq partition 2 offsets 41..=41".into(),
                 count: 1,
                 dry_run: i == 0,
+                tenant: (i == 1).then(|| Tenant::parse("acme").unwrap()),
             })
             .await
             .unwrap();
@@ -2174,10 +2175,11 @@ async fn operators_read_the_replay_audit_trail_newest_first() {
         json!({"replay_id": "rpl_1", "actor": "alice (with tenant acme's API token)",
                "reason": "receiver fixed", "at": "2027-01-15T08:00:01.000Z",
                "scope": "hookline.dlq partition 2 offsets 41..=41", "count": 1,
-               "dry_run": false})
+               "dry_run": false, "tenant": "acme"})
     );
     assert_eq!(a.json["data"][1]["replay_id"], "rpl_0");
     assert_eq!(a.json["data"][1]["dry_run"], true);
+    assert_eq!(a.json["data"][1]["tenant"], Value::Null);
     let one = call(&f.app, Method::GET, "/v1/replays?limit=1", OP, None).await;
     assert_eq!(
         one.json["data"].as_array().unwrap().len(),
@@ -2185,8 +2187,18 @@ async fn operators_read_the_replay_audit_trail_newest_first() {
         "{}",
         one.text
     );
+    // A tenant reads the replays of its own deliveries, not an operator's range.
     let a = call(&f.app, Method::GET, "/v1/replays", ACME, None).await;
-    assert_error(&a, StatusCode::FORBIDDEN, "forbidden", "operator tokens");
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+    let ids: Vec<&Value> = a.json["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["replay_id"])
+        .collect();
+    assert_eq!(ids, [&json!("rpl_1")], "{}", a.text);
+    let a = call(&f.app, Method::GET, "/v1/replays", GLOBEX, None).await;
+    assert_eq!(a.json, json!({"data": []}), "{}", a.text);
     for (q, needle) in [
         ("limit=0", "limit:"),
         ("limit=1001", "limit:"),
@@ -2217,6 +2229,11 @@ async fn an_endpoints_dead_deliveries_replay_over_a_time_range() {
         let asked = replayer.endpoint_asks.lock().unwrap();
         let r = &asked[0];
         assert_eq!(r.endpoint.to_string(), ep);
+        assert_eq!(
+            r.tenant.as_str(),
+            "acme",
+            "the audit entry names the tenant"
+        );
         assert_eq!(
             (r.since, r.until),
             (

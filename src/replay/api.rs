@@ -12,7 +12,7 @@ use super::{
     KAFKA_TIMEOUT, POLL_WAIT, ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, Republisher,
     check, dlq_consumer, kafka_failure, new_replay_id, read_error_is_final, record_audit,
 };
-use crate::id::{DeliveryId, EndpointId};
+use crate::id::{DeliveryId, EndpointId, Tenant};
 use crate::record::DeliveryRecord;
 use crate::storage::{
     DeliveryState, DeliveryStatus, DeliveryStore, RecordPosition, ReplayAudit, ReplayMark,
@@ -363,6 +363,7 @@ async fn send_again(
         ),
         count: 1,
         dry_run: false,
+        tenant: Some(delivery.tenant.clone()),
     };
     record_audit(store, &audit)
         .await
@@ -436,6 +437,8 @@ async fn read_record(
 pub struct EndpointReplayRequest {
     /// The endpoint.
     pub endpoint: EndpointId,
+    /// Its tenant, for the audit entry.
+    pub tenant: Tenant,
     /// Dead letters written at or after this.
     pub since: SystemTime,
     /// And at or before this.
@@ -595,6 +598,7 @@ pub async fn replay_endpoint(
         scope,
         count: done.replayed,
         dry_run: false,
+        tenant: Some(request.tenant.clone()),
     };
     record_audit(store, &audit)
         .await

@@ -840,6 +840,8 @@ impl Checked<'_> {
             ),
             count: summary.replayed,
             dry_run: request.dry_run,
+            // A range of DLQ offsets may hold many tenants' deliveries.
+            tenant: None,
         };
         let recorded = record_audit(store, &audit).await;
         match (stop, recorded) {

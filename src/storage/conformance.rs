@@ -321,24 +321,47 @@ async fn event_fan_out_listing<S: DeliveryStore + ?Sized>(store: &S) {
 }
 
 async fn replay_audit<S: DeliveryStore + ?Sized>(store: &S) {
-    let id = unique("rpl");
-    let audit = ReplayAudit {
-        replay_id: id.clone(),
+    let entry = |tenant: Option<&Tenant>| ReplayAudit {
+        replay_id: unique("rpl"),
         actor: "oncall@example.com".into(),
         reason: "receiver fixed".into(),
         at: SystemTime::now() + Duration::from_secs(3600),
         scope: "dlq partition 0 offsets 0..10".into(),
         count: 10,
         dry_run: false,
+        tenant: tenant.cloned(),
     };
-    store.record_replay(&audit).await.unwrap();
-    let recent = store.replays(50).await.unwrap();
-    let found = recent
-        .iter()
-        .find(|a| a.replay_id == id)
-        .expect("replay audit is listed");
-    assert_eq!(found.actor, audit.actor);
-    assert_eq!(found.count, 10);
+    let (a, b) = (
+        Tenant::parse(unique("acme")).unwrap(),
+        Tenant::parse(unique("globex")).unwrap(),
+    );
+    let range = entry(None);
+    let of_a = entry(Some(&a));
+    let of_b = entry(Some(&b));
+    for audit in [&range, &of_a, &of_b] {
+        store.record_replay(audit).await.unwrap();
+    }
+    let all = store.replays(None, 50).await.unwrap();
+    for audit in [&range, &of_a, &of_b] {
+        let found = all
+            .iter()
+            .find(|a| a.replay_id == audit.replay_id)
+            .expect("every replay is in the operators' trail");
+        assert_eq!(found.actor, audit.actor);
+        assert_eq!(found.count, 10);
+        assert_eq!(found.tenant, audit.tenant, "the tenant round-trips");
+    }
+    let seen_by_a = store.replays(Some(&a), 50).await.unwrap();
+    let seen: Vec<&str> = seen_by_a.iter().map(|a| a.replay_id.as_str()).collect();
+    assert_eq!(
+        seen,
+        [of_a.replay_id.as_str()],
+        "a tenant reads its own alone"
+    );
+    assert_eq!(seen_by_a[0].tenant.as_ref(), Some(&a));
+    let nobody = Tenant::parse(unique("initech")).unwrap();
+    assert!(store.replays(Some(&nobody), 50).await.unwrap().is_empty());
+    assert!(store.replays(Some(&a), 0).await.unwrap().is_empty());
 }
 
 async fn replay_marks<S: DeliveryStore + ?Sized>(store: &S) {

@@ -8,7 +8,7 @@ use super::{
     AttemptRow, DeliveryState, DeliveryStore, HistoryQuery, Page, ReplayAudit, ReplayMark,
     StoreError,
 };
-use crate::id::{DeliveryId, EndpointId, EventId};
+use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
 
 /// What a test does around a [`Hooked`] store's calls; each does nothing unless overridden.
 #[async_trait]
@@ -62,8 +62,12 @@ impl<H: Hooks> DeliveryStore for Hooked<H> {
     async fn record_replay(&self, audit: &ReplayAudit) -> Result<(), StoreError> {
         self.inner.record_replay(audit).await
     }
-    async fn replays(&self, limit: u32) -> Result<Vec<ReplayAudit>, StoreError> {
-        self.inner.replays(limit).await
+    async fn replays(
+        &self,
+        tenant: Option<&Tenant>,
+        limit: u32,
+    ) -> Result<Vec<ReplayAudit>, StoreError> {
+        self.inner.replays(tenant, limit).await
     }
     async fn record_replay_mark(&self, mark: &ReplayMark) -> Result<(), StoreError> {
         self.inner.record_replay_mark(mark).await

@@ -18,7 +18,7 @@ use super::{
     AttemptRow, DeliveryState, DeliveryStore, HistoryQuery, MAX_PAGE, Page, ReplayAudit,
     ReplayMark, StoreError,
 };
-use crate::id::{DeliveryId, EndpointId, EventId};
+use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
 
 /// Ordering key of an endpoint's history: newest first means iterating this in reverse.
 type HistoryKey = (u128, DeliveryId);
@@ -277,12 +277,17 @@ impl DeliveryStore for MemoryStore {
         Ok(())
     }
 
-    async fn replays(&self, limit: u32) -> Result<Vec<ReplayAudit>, StoreError> {
+    async fn replays(
+        &self,
+        tenant: Option<&Tenant>,
+        limit: u32,
+    ) -> Result<Vec<ReplayAudit>, StoreError> {
         let inner = self.lock();
         Ok(inner
             .replays
             .iter()
             .rev()
+            .filter(|a| tenant.is_none_or(|t| a.tenant.as_ref() == Some(t)))
             .take(limit as usize)
             .cloned()
             .collect())

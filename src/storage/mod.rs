@@ -163,6 +163,10 @@ pub struct ReplayAudit {
     pub count: u64,
     /// True when nothing was republished on purpose (`--dry-run`).
     pub dry_run: bool,
+    /// The tenant whose deliveries it covered, when it covered one tenant's alone (a replay
+    /// by delivery id or by endpoint); `None` for a range of DLQ offsets, which may hold many
+    /// tenants' deliveries. A tenant reads the entries that name it.
+    pub tenant: Option<Tenant>,
 }
 
 /// The latest replay that republished a delivery (a mark), or that set out to (a claim). A
@@ -240,8 +244,13 @@ pub trait DeliveryStore: Send + Sync + 'static {
     async fn event_deliveries(&self, event: &EventId) -> Result<Vec<DeliveryState>, StoreError>;
     /// Records a replay in the audit trail.
     async fn record_replay(&self, audit: &ReplayAudit) -> Result<(), StoreError>;
-    /// The most recent replays, newest first.
-    async fn replays(&self, limit: u32) -> Result<Vec<ReplayAudit>, StoreError>;
+    /// The most recent replays, newest first: every one, or only those that name `tenant`
+    /// ([`ReplayAudit::tenant`]).
+    async fn replays(
+        &self,
+        tenant: Option<&Tenant>,
+        limit: u32,
+    ) -> Result<Vec<ReplayAudit>, StoreError>;
     /// Notes that a replay republished a delivery; a later mark of the same delivery replaces
     /// it.
     async fn record_replay_mark(&self, mark: &ReplayMark) -> Result<(), StoreError>;

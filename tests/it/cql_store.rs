@@ -257,7 +257,7 @@ async fn tls_checks_the_nodes_certificate_and_shows_hookline_s_own() {
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success() && stdout.contains("at schema version 5"),
+            out.status.success() && stdout.contains("at schema version 6"),
             "{stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );
@@ -366,18 +366,19 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     (2, "history_buckets"),
                     (3, "replay_marks"),
                     (4, "replay_claims"),
-                    (5, "attempt_records")
+                    (5, "attempt_records"),
+                    (6, "replay_tenants")
                 ]
             );
-            assert_eq!(first.version, 5);
+            assert_eq!(first.version, 6);
             let second = c.migrate().await;
             assert!(second.applied.is_empty(), "second run applies nothing");
-            assert_eq!(second.version, 5);
+            assert_eq!(second.version, 6);
             let ks = &c.config.keyspace;
             let recorded = hookline::migrate::applied_versions(&c.session, ks)
                 .await
                 .unwrap();
-            assert_eq!(recorded.len(), 5);
+            assert_eq!(recorded.len(), 6);
             for (recorded, m) in recorded.iter().zip(MIGRATIONS) {
                 assert_eq!(recorded.checksum, hookline::migrate::checksum(m.cql));
             }
@@ -401,7 +402,7 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     err,
                     MigrateError::NewerSchema {
                         database: 999,
-                        binary: 5,
+                        binary: 6,
                         ..
                     }
                 ),
@@ -424,7 +425,7 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
                 err,
                 ScyllaError::SchemaBehind {
                     found: 0,
-                    needed: 5,
+                    needed: 6,
                     ..
                 }
             ));
@@ -454,7 +455,7 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
                     err,
                     ScyllaError::SchemaBehind {
                         found: 1,
-                        needed: 5,
+                        needed: 6,
                         ..
                     }
                 ),
@@ -467,10 +468,11 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
                     (2, "history_buckets"),
                     (3, "replay_marks"),
                     (4, "replay_claims"),
-                    (5, "attempt_records")
+                    (5, "attempt_records"),
+                    (6, "replay_tenants")
                 ]
             );
-            assert_eq!(upgrade.version, 5);
+            assert_eq!(upgrade.version, 6);
             c.store().await;
             // Version 1's tables stay (their rows expire with their TTL).
             for table in [
@@ -518,8 +520,11 @@ async fn an_interrupted_column_add_is_finished_by_the_next_run() {
                 .await
                 .unwrap();
             let after = c.migrate().await;
-            assert_eq!(after.applied, [(5, "attempt_records")]);
-            assert_eq!(after.version, 5);
+            assert_eq!(
+                after.applied,
+                [(5, "attempt_records"), (6, "replay_tenants")]
+            );
+            assert_eq!(after.version, 6);
             for column in ["record_partition", "record_offset"] {
                 let found = c
                     .session
@@ -565,11 +570,12 @@ async fn the_migrate_command_applies_once() {
         assert!(stdout.contains("applied 003_replay_marks"), "{stdout}");
         assert!(stdout.contains("applied 004_replay_claims"), "{stdout}");
         assert!(stdout.contains("applied 005_attempt_records"), "{stdout}");
+        assert!(stdout.contains("applied 006_replay_tenants"), "{stdout}");
         let second = run();
         let stdout = String::from_utf8_lossy(&second.stdout);
         assert!(second.status.success());
         assert!(stdout.contains("nothing to apply"), "{stdout}");
-        assert!(stdout.contains("at schema version 5"), "{stdout}");
+        assert!(stdout.contains("at schema version 6"), "{stdout}");
     })
     .await;
 }

@@ -364,7 +364,7 @@ async fn assert_stopped_and_audited(
         )),
         "{message}"
     );
-    let audits = store.replays(10).await.expect("audit trail");
+    let audits = store.replays(None, 10).await.expect("audit trail");
     let [audit] = &audits[..] else {
         panic!("expected one audit entry: {audits:?}")
     };
@@ -497,7 +497,7 @@ async fn a_read_error_the_consumer_retries_does_not_stop_the_replay() {
         .await
         .expect("the replay waits out the timeouts and finishes");
     assert_eq!((summary.scanned, summary.replayed), (6, 6), "{summary:?}");
-    let audits = store.replays(10).await.expect("audit trail");
+    let audits = store.replays(None, 10).await.expect("audit trail");
     assert_eq!(audits.len(), 1, "{audits:?}");
     assert_eq!(audits[0].count, 6, "{audits:?}");
 }

@@ -124,6 +124,12 @@ const RESOLVE_MIN: usize = 8;
 /// The partition of `recent_replays`.
 const REPLAY_FEED: &str = "all";
 
+/// The partition of `recent_replays` that holds the replays naming `tenant` (schema version 6),
+/// besides [`REPLAY_FEED`]; the prefix keeps every tenant's apart from that one.
+fn tenant_feed(tenant: &Tenant) -> String {
+    format!("tenant:{tenant}")
+}
+
 /// Why the CQL store could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ScyllaError {
@@ -370,14 +376,14 @@ impl Statements {
             .await?,
             insert_replay: p(format!(
                 "INSERT INTO {ks}.replay_audit (replay_id, actor, reason, at, scope, count, \
-                 dry_run) VALUES (:replay_id, :actor, :reason, :at, :scope, :count, :dry_run) \
-                 USING TTL :ttl"
+                 dry_run, tenant) VALUES (:replay_id, :actor, :reason, :at, :scope, :count, \
+                 :dry_run, :tenant) USING TTL :ttl"
             ))
             .await?,
             insert_recent_replay: p(format!(
                 "INSERT INTO {ks}.recent_replays (feed, at, replay_id, actor, reason, scope, \
-                 count, dry_run) VALUES (:feed, :at, :replay_id, :actor, :reason, :scope, \
-                 :count, :dry_run) USING TTL :ttl"
+                 count, dry_run, tenant) VALUES (:feed, :at, :replay_id, :actor, :reason, \
+                 :scope, :count, :dry_run, :tenant) USING TTL :ttl"
             ))
             .await?,
             insert_replay_mark: p(format!(
@@ -447,7 +453,7 @@ impl Statements {
             ))
             .await?,
             select_recent_replays: p(format!(
-                "SELECT replay_id, actor, reason, at, scope, count, dry_run \
+                "SELECT replay_id, actor, reason, at, scope, count, dry_run, tenant \
                  FROM {ks}.recent_replays WHERE feed = ? LIMIT ?"
             ))
             .await?,
@@ -654,6 +660,7 @@ struct ReplayValues<'a> {
     scope: &'a str,
     count: i64,
     dry_run: bool,
+    tenant: Option<&'a str>,
     ttl: i32,
 }
 
@@ -682,17 +689,12 @@ struct ReplayClaimOverValues<'a> {
     over: &'a str,
 }
 
+/// A replay's row in one partition of `recent_replays`: its `replay_audit` row's values.
 #[derive(SerializeRow)]
 struct RecentReplayValues<'a> {
-    feed: &'static str,
-    replay_id: &'a str,
-    actor: &'a str,
-    reason: &'a str,
-    at: CqlTimestamp,
-    scope: &'a str,
-    count: i64,
-    dry_run: bool,
-    ttl: i32,
+    feed: &'a str,
+    #[scylla(flatten)]
+    audit: &'a ReplayValues<'a>,
 }
 
 #[derive(DeserializeRow)]
@@ -743,6 +745,7 @@ struct ReplayCols {
     scope: Option<String>,
     count: Option<i64>,
     dry_run: Option<bool>,
+    tenant: Option<String>,
 }
 
 #[derive(DeserializeRow)]
@@ -1643,48 +1646,52 @@ impl DeliveryStore for ScyllaStore {
     }
 
     async fn record_replay(&self, audit: &ReplayAudit) -> Result<(), StoreError> {
-        let at = to_cql(audit.at);
-        let count = i64::try_from(audit.count).unwrap_or(i64::MAX);
-        let by_id = self.write(
-            &self.st.insert_replay,
-            ReplayValues {
-                replay_id: &audit.replay_id,
-                actor: &audit.actor,
-                reason: &audit.reason,
-                at,
-                scope: &audit.scope,
-                count,
-                dry_run: audit.dry_run,
-                ttl: self.audit_ttl,
-            },
-        );
-        let recent = self.write(
-            &self.st.insert_recent_replay,
-            RecentReplayValues {
-                feed: REPLAY_FEED,
-                replay_id: &audit.replay_id,
-                actor: &audit.actor,
-                reason: &audit.reason,
-                at,
-                scope: &audit.scope,
-                count,
-                dry_run: audit.dry_run,
-                ttl: self.audit_ttl,
-            },
-        );
-        tokio::try_join!(by_id, recent)?;
+        let values = ReplayValues {
+            replay_id: &audit.replay_id,
+            actor: &audit.actor,
+            reason: &audit.reason,
+            at: to_cql(audit.at),
+            scope: &audit.scope,
+            count: i64::try_from(audit.count).unwrap_or(i64::MAX),
+            dry_run: audit.dry_run,
+            tenant: audit.tenant.as_ref().map(Tenant::as_str),
+            ttl: self.audit_ttl,
+        };
+        let by_id = self.write(&self.st.insert_replay, &values);
+        let in_feed = |feed| {
+            self.write(
+                &self.st.insert_recent_replay,
+                RecentReplayValues {
+                    feed,
+                    audit: &values,
+                },
+            )
+        };
+        let own = audit.tenant.as_ref().map(tenant_feed);
+        let tenants = async {
+            match &own {
+                Some(feed) => in_feed(feed).await,
+                None => Ok(()),
+            }
+        };
+        tokio::try_join!(by_id, in_feed(REPLAY_FEED), tenants)?;
         Ok(())
     }
 
-    async fn replays(&self, limit: u32) -> Result<Vec<ReplayAudit>, StoreError> {
+    async fn replays(
+        &self,
+        tenant: Option<&Tenant>,
+        limit: u32,
+    ) -> Result<Vec<ReplayAudit>, StoreError> {
         if limit == 0 {
             return Ok(vec![]);
         }
         let limit = i32::try_from(limit.min(MAX_REPLAYS_READ)).unwrap_or(1);
+        let feed = tenant.map_or_else(|| REPLAY_FEED.to_owned(), tenant_feed);
         let _permit = self.permit().await?;
         let result = self
             .session
-            .execute_unpaged(&self.st.select_recent_replays, (REPLAY_FEED, limit))
+            .execute_unpaged(&self.st.select_recent_replays, (feed.as_str(), limit))
             .await
             .map_err(exec_error)?;
         let rows = result.into_rows_result().map_err(backend_error)?;
@@ -1699,6 +1706,8 @@ impl DeliveryStore for ScyllaStore {
                 scope: r.scope.unwrap_or_default(),
                 count: r.count.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
                 dry_run: r.dry_run.unwrap_or(false),
+                // Written from a checked tenant; rows from before version 6 have none.
+                tenant: r.tenant.and_then(|t| Tenant::parse(t).ok()),
             });
         }
         Ok(out)
