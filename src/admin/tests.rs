@@ -1881,6 +1881,7 @@ impl crate::replay::ApiReplayer for FakeReplayer {
                     replayed: 4,
                     filtered: 1,
                     undecodable: 0,
+                    skipped_being_replayed: 0,
                     last_offset: request.to_offset,
                 })
             }
@@ -2304,7 +2305,8 @@ async fn operators_replay_a_dlq_range_through_the_api() {
     assert_eq!(
         a.json,
         json!({"replay_id": "rpl_offsets", "scanned": 5, "replayed": 4, "filtered": 1,
-               "skipped_not_dead_letters": 0, "last_offset": 14, "dry_run": false})
+               "skipped_not_dead_letters": 0, "skipped_being_replayed": 0, "last_offset": 14,
+               "dry_run": false})
     );
     let dry = r#"{"partition":2,"from_offset":10,"to_offset":10,"dry_run":true}"#;
     let a = call(&app, Method::POST, "/v1/replays", OP, Some(dry)).await;

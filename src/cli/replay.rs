@@ -104,6 +104,7 @@ pub(super) fn run(args: &ReplayArgs) -> ExitCode {
                 "replayed": s.replayed,
                 "filtered": s.filtered,
                 "skipped_not_dead_letters": s.undecodable,
+                "skipped_being_replayed": s.skipped_being_replayed,
             });
             println!("{line}");
             ExitCode::SUCCESS

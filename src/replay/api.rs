@@ -135,11 +135,21 @@ async fn look(
         DeliveryStatus::Succeeded => Standing::Delivered,
         other => return Ok((Standing::NotDead(other), None)),
     };
-    let id = &delivery.delivery_id;
+    let (busy, claim) = in_flight(store, &delivery.delivery_id).await?;
+    Ok((busy.unwrap_or(free), claim))
+}
+
+/// Whether another replay of `id` is on its way ([`Standing::OnItsWay`]) or about to be
+/// ([`Standing::BeingReplayed`]), and the delivery's latest claim, which a replay claims it
+/// over.
+async fn in_flight(
+    store: &dyn DeliveryStore,
+    id: &DeliveryId,
+) -> Result<(Option<Standing>, Option<ReplayMark>), StoreError> {
     let mark = store.replay_mark(id).await?;
     let claim = store.replay_claim(id).await?;
     if mark.is_none() && claim.is_none() {
-        return Ok((free, None));
+        return Ok((None, None));
     }
     let attempts = store.attempts(id).await?;
     let carried = |replay: &ReplayMark| {
@@ -148,7 +158,7 @@ async fn look(
             .any(|a| a.replay_id.as_deref() == Some(replay.replay_id.as_str()))
     };
     if let Some(mark) = mark.as_ref().filter(|m| !carried(m)) {
-        return Ok((Standing::OnItsWay(mark.clone()), claim));
+        return Ok((Some(Standing::OnItsWay(mark.clone())), claim));
     }
     let marked = |c: &ReplayMark| mark.as_ref().is_some_and(|m| m.replay_id == c.replay_id);
     let young = |c: &ReplayMark| {
@@ -160,9 +170,36 @@ async fn look(
         .as_ref()
         .filter(|c| !marked(c) && !carried(c) && young(c))
     {
-        return Ok((Standing::BeingReplayed(claimed.clone()), claim));
+        return Ok((Some(Standing::BeingReplayed(claimed.clone())), claim));
     }
-    Ok((free, claim))
+    Ok((None, claim))
+}
+
+/// Claims delivery `id` for replay `replay_id` of a range of DLQ offsets, whatever the attempt
+/// log says of it (an operator's range is sent as asked), unless another replay of it is on
+/// its way or about to be; whether it claimed it. Of two replays at once, one sends it.
+pub(crate) async fn claim_in_range(
+    store: &dyn DeliveryStore,
+    id: &DeliveryId,
+    replay_id: &str,
+) -> Result<bool, StoreError> {
+    for _ in 0..CLAIM_TRIES {
+        let (busy, claim) = in_flight(store, id).await?;
+        if busy.is_some() {
+            return Ok(false);
+        }
+        let mine = ReplayMark {
+            delivery_id: id.clone(),
+            replay_id: replay_id.to_owned(),
+            at: SystemTime::now(),
+        };
+        let over = claim.as_ref().map(|c| c.replay_id.as_str());
+        if store.claim_replay(&mine, over).await? {
+            return Ok(true);
+        }
+    }
+    // Claimed by another replay each time it looked: one of them is sending it.
+    Ok(false)
 }
 
 /// Why a delivery standing so cannot be replayed by its id now, for the caller; `None` for

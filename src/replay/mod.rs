@@ -1,6 +1,8 @@
 //! Replaying dead letters: republishing a range of DLQ offsets to the deliveries topic with a
 //! fresh retry window and a replay id that receivers see (`hookline-replay-id`), through the
 //! same lanes and limits as any delivery, with an audit entry of who, why, what and how many.
+//! Each delivery is claimed before it is republished, and one that another replay is sending
+//! at that moment is left to it, so that two replays at once send it once.
 
 use std::fmt;
 use std::sync::Arc;
@@ -119,6 +121,9 @@ pub struct ReplaySummary {
     /// `hookline replay` prints it.
     #[serde(rename = "skipped_not_dead_letters")]
     pub undecodable: u64,
+    /// Records whose delivery another replay was sending at that moment (republished by it
+    /// and not attempted yet, or claimed by it): left to that replay, so that it is sent once.
+    pub skipped_being_replayed: u64,
     /// The range's last offset as replayed: `to_offset`, or the partition's last record when
     /// the replay began if that came first. A replay that stops short of it is an error,
     /// [`ReplayError::Incomplete`], never a summary.
@@ -333,6 +338,8 @@ pub enum StopCause {
         /// librdkafka's error.
         source: KafkaError,
     },
+    /// The attempt log did not answer when replay claimed the delivery at `resume_from`.
+    Claim(StoreError),
     /// The deliveries topic did not acknowledge the record at `resume_from` in time.
     Publish {
         /// The deliveries topic.
@@ -353,6 +360,10 @@ impl StopCause {
             StopCause::Read { bootstrap, source } => {
                 format!("reading it from Kafka at {bootstrap} failed: {source}")
             }
+            StopCause::Claim(e) => format!(
+                "the attempt log did not answer when offset {at}'s delivery was claimed ({e}); \
+                 nothing was sent for it"
+            ),
             StopCause::Publish { topic, deadline } => format!(
                 "{topic} did not acknowledge offset {at} within {}",
                 humantime::format_duration(*deadline)
@@ -424,6 +435,7 @@ impl std::error::Error for Incomplete {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.cause {
             StopCause::Read { source, .. } => Some(source),
+            StopCause::Claim(source) => Some(source),
             _ => self
                 .audit_error
                 .as_ref()
@@ -738,6 +750,7 @@ impl Checked<'_> {
             replayed: 0,
             filtered: 0,
             undecodable: 0,
+            skipped_being_replayed: 0,
             last_offset: last,
         };
         // The first offset not yet covered (republished, filtered or skipped): where a replay
@@ -810,6 +823,19 @@ impl Checked<'_> {
             if request.dry_run {
                 summary.replayed += 1;
                 continue;
+            }
+            match api::claim_in_range(store, &record.delivery_id, &replay_id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::info!(delivery = %record.delivery_id, replay_id,
+                        offset = msg.offset(), "another replay is sending this delivery; left to it");
+                    summary.skipped_being_replayed += 1;
+                    continue;
+                }
+                Err(e) => {
+                    next = msg.offset();
+                    break Some(StopCause::Claim(e));
+                }
             }
             if !republisher
                 .republish(record, &replay_id, publish_deadline, store)
@@ -1020,6 +1046,110 @@ mod tests {
              records. Offsets 1300..=1450 were not replayed; to replay them, run it again with \
              --partition 3 --from-offset 1300 --to-offset 1450"
         );
+    }
+
+    #[test]
+    fn a_replay_stopped_by_the_attempt_log_says_nothing_was_sent_for_that_offset() {
+        let cause = StopCause::Claim(StoreError::Unavailable("no CQL node answered".into()));
+        assert_eq!(
+            stopped(cause, 1210, None).to_string(),
+            "replay rpl_1 of hookline.dlq partition 3 offsets 1200..=1450 stopped before offset \
+             1210: the attempt log did not answer when offset 1210's delivery was claimed (store \
+             unavailable: no CQL node answered); nothing was sent for it; it republished 10 \
+             records from offsets 1200..=1209, as its audit entry records. Offsets 1210..=1450 \
+             were not replayed; to replay them, run it again with --partition 3 --from-offset \
+             1210 --to-offset 1450"
+        );
+    }
+
+    /// Fails every claim after the first `0`.
+    struct ClaimsFailAfter(std::sync::atomic::AtomicUsize);
+
+    #[async_trait::async_trait]
+    impl crate::storage::hooked::Hooks for ClaimsFailAfter {
+        async fn before_claim_replay(&self) -> Result<(), StoreError> {
+            let left = self.0.load(Ordering::SeqCst);
+            if left == 0 {
+                return Err(StoreError::Unavailable("no CQL node answered".into()));
+            }
+            self.0.store(left - 1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    /// Dead letter `n`, of a tenant's `order.created` event.
+    fn dead_letter(n: usize) -> DeliveryRecord {
+        use crate::id::{EventId, Tenant};
+        use crate::input::EventType;
+        use crate::record::{DeadInfo, UnixMillis, build_body};
+        let event_id = EventId::parse(format!("evt_{n}")).unwrap();
+        let event_type = EventType::parse("order.created").unwrap();
+        let at = UnixMillis(1_700_000_000_000);
+        let data = serde_json::value::to_raw_value(&serde_json::json!({"n": n})).unwrap();
+        let body = build_body(&event_id, &event_type, at, &data);
+        DeliveryRecord::new(
+            event_id,
+            EndpointId::generate(),
+            Tenant::parse("acme").unwrap(),
+            event_type,
+            at,
+            None,
+            body,
+        )
+        .for_dlq(DeadInfo {
+            reason: crate::retry_policy::DeadReason::HttpStatus,
+            last_status: Some(404),
+            last_error: Some(crate::attempt::ErrorClass::HttpStatus),
+            last_attempt_at: at,
+            signing_key_ids: vec![],
+        })
+    }
+
+    /// A claim the attempt log does not answer stops a range at that offset before anything is
+    /// sent for it, with the records before it republished and audited.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_the_attempt_log_does_not_answer_stops_the_range_there() {
+        let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+        let target = ReplayTarget {
+            bootstrap: mock.bootstrap_servers(),
+            client: std::collections::BTreeMap::new().into(),
+            dlq: "t.dlq".into(),
+            deliveries: "t.deliveries".into(),
+        };
+        mock.create_topic(&target.dlq, 1, 1).unwrap();
+        mock.create_topic(&target.deliveries, 1, 1).unwrap();
+        let producer: crate::kafka::Producer = producer_config(&target.bootstrap, &target.client)
+            .create_with_context(crate::kafka::ProducerLog::default())
+            .unwrap();
+        let never = CancellationToken::new();
+        for n in 0..3 {
+            let out = outgoing(Arc::from(target.dlq.as_str()), &dead_letter(n));
+            assert!(produce_until_acked(&producer, out, &never).await);
+        }
+        let store = crate::storage::hooked::Hooked::new(
+            ClaimsFailAfter(std::sync::atomic::AtomicUsize::new(1)),
+            16,
+        );
+        let request = ReplayRequest {
+            partition: 0,
+            from_offset: 0,
+            to_offset: 2,
+            ..request()
+        };
+        let result = check(&target, &request)
+            .await
+            .unwrap()
+            .run(&store, &mut |_, _| {})
+            .await;
+        let Err(ReplayError::Incomplete(stop)) = result else {
+            panic!("the replay stops: {result:?}");
+        };
+        assert!(matches!(stop.cause, StopCause::Claim(_)), "{stop}");
+        assert_eq!((stop.resume_from, stop.replayed), (1, 1), "{stop}");
+        let audits = store.replays(None, 10).await.unwrap();
+        assert_eq!(audits.len(), 1, "{audits:?}");
+        assert_eq!(audits[0].count, 1);
+        assert!(audits[0].scope.contains("claimed"), "{}", audits[0].scope);
     }
 
     #[test]

@@ -17,6 +17,10 @@ pub trait Hooks: Send + Sync + 'static {
     async fn before_record_attempt(&self, _row: &AttemptRow) {}
     /// Runs after a replay claim was read, before it is returned.
     async fn after_replay_claim_read(&self) {}
+    /// Runs before a replay claims a delivery; an error is the store's answer instead.
+    async fn before_claim_replay(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// A memory store whose calls run `hooks`.
@@ -85,6 +89,7 @@ impl<H: Hooks> DeliveryStore for Hooked<H> {
         claim: &ReplayMark,
         over: Option<&str>,
     ) -> Result<bool, StoreError> {
+        self.hooks.before_claim_replay().await?;
         self.inner.claim_replay(claim, over).await
     }
 }

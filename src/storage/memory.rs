@@ -311,8 +311,10 @@ impl DeliveryStore for MemoryStore {
         Ok(self.lock().deliveries.get(id).and_then(|e| e.claim.clone()))
     }
 
-    /// Under the store's lock. A delivery this store does not hold cannot be claimed: nothing
-    /// replays it through the admin API without its state.
+    /// Under the store's lock. A delivery this store does not hold (never logged here, or
+    /// forgotten for capacity) is granted without a claim being kept, as its mark is dropped:
+    /// only a replay of a range of DLQ offsets asks for one, and nothing replays it through the
+    /// admin API without its state.
     async fn claim_replay(
         &self,
         claim: &ReplayMark,
@@ -320,7 +322,7 @@ impl DeliveryStore for MemoryStore {
     ) -> Result<bool, StoreError> {
         let mut inner = self.lock();
         let Some(entry) = inner.deliveries.get_mut(&claim.delivery_id) else {
-            return Ok(false);
+            return Ok(true);
         };
         if entry.claim.as_ref().map(|c| c.replay_id.as_str()) != over {
             return Ok(false);

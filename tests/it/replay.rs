@@ -15,8 +15,9 @@ use hookline::replay::{
     Incomplete, Progress, ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, StopCause, check,
 };
 use hookline::retry_policy::DeadReason;
-use hookline::storage::DeliveryStore;
+use hookline::storage::conformance::attempt_row;
 use hookline::storage::memory::MemoryStore;
+use hookline::storage::{AttemptOutcome, AttemptRow, DeliveryStore, ReplayMark};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer};
@@ -502,6 +503,19 @@ async fn a_read_error_the_consumer_retries_does_not_stop_the_replay() {
     assert_eq!(audits[0].count, 6, "{audits:?}");
 }
 
+/// A replay target on the real broker at `kafka`, its DLQ and deliveries topics new, with one
+/// partition each.
+async fn real_topics(kafka: &str) -> (ReplayTarget, Topics) {
+    let target = ReplayTarget {
+        bootstrap: kafka.to_owned(),
+        client: Default::default(),
+        dlq: unique("replay_dlq"),
+        deliveries: unique("replay_deliveries"),
+    };
+    let topics = Topics::create(kafka, &[&target.dlq, &target.deliveries], 1).await;
+    (target, topics)
+}
+
 /// Dead letters at or above this size are refused by the deliveries topic of
 /// [`a_record_the_deliveries_topic_refuses_stops_the_replay_there`].
 const REFUSED_SIZE: u32 = 4096;
@@ -512,13 +526,7 @@ const REFUSED_SIZE: u32 = 4096;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_the_deliveries_topic_refuses_stops_the_replay_there() {
     let kafka = require_kafka().await;
-    let target = ReplayTarget {
-        bootstrap: kafka.clone(),
-        client: Default::default(),
-        dlq: unique("replay_dlq"),
-        deliveries: unique("replay_deliveries"),
-    };
-    let topics = Topics::create(&kafka, &[&target.dlq, &target.deliveries], 1).await;
+    let (target, topics) = real_topics(&kafka).await;
     limit_record_size(&kafka, &target.deliveries, REFUSED_SIZE).await;
     let too_large = 2 * REFUSED_SIZE as usize;
     let records = [
@@ -547,4 +555,117 @@ async fn a_record_the_deliveries_topic_refuses_stops_the_replay_there() {
         "{message}"
     );
     topics.delete().await;
+}
+
+/// A range replay leaves a delivery to another replay that is sending it at that moment: one
+/// that republished it and whose attempt is not logged yet, one that claimed it and has not
+/// republished it yet. It claims and republishes the rest, a delivery whose earlier replay has
+/// been attempted included, so that two replays at once send each delivery once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_replay_leaves_deliveries_another_replay_is_sending() {
+    let kafka = require_kafka().await;
+    let (target, topics) = real_topics(&kafka).await;
+    let records: Vec<DeliveryRecord> = (0..4).map(|n| dead_letter(n, 0)).collect();
+    write_dlq(&kafka, &target.dlq, &records).await;
+    let store = MemoryStore::default();
+    // The store holds each delivery, dead.
+    for r in &records {
+        store.record_attempt(&dead_row(r, None)).await.unwrap();
+    }
+    let now = std::time::SystemTime::now();
+    let mark = |n: usize, replay: &str| ReplayMark {
+        delivery_id: records[n].delivery_id.clone(),
+        replay_id: replay.into(),
+        at: now,
+    };
+    // 1: republished by rpl_sent, not attempted yet. 2: claimed by rpl_claimed, not sent yet.
+    // 3: replayed by rpl_done, whose attempt is logged: that replay is over.
+    store
+        .record_replay_mark(&mark(1, "rpl_sent"))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .claim_replay(&mark(2, "rpl_claimed"), None)
+            .await
+            .unwrap()
+    );
+    store
+        .record_replay_mark(&mark(3, "rpl_done"))
+        .await
+        .unwrap();
+    let done = dead_row(&records[3], Some("rpl_done"));
+    store.record_attempt(&done).await.unwrap();
+
+    let request = replay_of(0, 3);
+    let summary = check(&target, &request)
+        .await
+        .expect("the range is in the partition")
+        .run(&store, &mut |_, _| {})
+        .await
+        .expect("the replay covers the range");
+    assert_eq!(
+        (
+            summary.scanned,
+            summary.replayed,
+            summary.skipped_being_replayed
+        ),
+        (4, 2, 2),
+        "{summary:?}"
+    );
+    for n in [0, 3] {
+        let claim = store.replay_claim(&records[n].delivery_id).await.unwrap();
+        assert_eq!(
+            claim.map(|c| c.replay_id),
+            Some(summary.replay_id.clone()),
+            "delivery {n} was claimed by the range"
+        );
+    }
+    assert_eq!(
+        store
+            .replay_claim(&records[2].delivery_id)
+            .await
+            .unwrap()
+            .map(|c| c.replay_id),
+        Some("rpl_claimed".into()),
+        "the other replay keeps its claim"
+    );
+    // What reached the deliveries topic: deliveries 0 and 3, as this replay.
+    let consumer: BaseConsumer = kafka_config(&kafka)
+        .set("group.id", unique("replay_check"))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    consumer
+        .subscribe(&[&target.deliveries])
+        .expect("subscribe");
+    let mut sent = vec![];
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sent.len() < 2 && std::time::Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let r = DeliveryRecord::from_message(&m).expect("a delivery record");
+            assert_eq!(r.replay_id.as_deref(), Some(summary.replay_id.as_str()));
+            sent.push(r.delivery_id);
+        }
+    }
+    sent.sort();
+    let mut expected = vec![
+        records[0].delivery_id.clone(),
+        records[3].delivery_id.clone(),
+    ];
+    expected.sort();
+    assert_eq!(sent, expected);
+    topics.delete().await;
+}
+
+/// An attempt of `record`'s delivery (of replay `replay`, if given) that dead-lettered it.
+fn dead_row(record: &DeliveryRecord, replay: Option<&str>) -> AttemptRow {
+    let mut row = attempt_row(record.event_id.as_str(), record.endpoint_id.as_str(), 1);
+    row.delivery_id = record.delivery_id.clone();
+    row.replay_id = replay.map(str::to_owned);
+    row.status = Some(404);
+    row.outcome = AttemptOutcome::Dead {
+        reason: DeadReason::HttpStatus,
+    };
+    row
 }
