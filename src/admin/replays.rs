@@ -61,8 +61,9 @@ pub struct ReplayEntry {
     pub count: u64,
     /// Whether nothing was republished on purpose.
     pub dry_run: bool,
-    /// The tenant whose deliveries it covered, when it covered one tenant's alone; `null` for
-    /// a range of DLQ offsets (and for entries written before schema version 6).
+    /// The tenant whose deliveries it covered, when it covered one tenant's alone; `null` for a
+    /// range of DLQ offsets that held several tenants' (and for entries written before schema
+    /// version 6).
     pub tenant: Option<String>,
 }
 
@@ -183,8 +184,9 @@ pub async fn replay_range(
 }
 
 /// `GET /v1/replays?limit=`: the latest replays, newest first. An operator token reads every
-/// one; a tenant token those that covered its own deliveries alone (by delivery id or by
-/// endpoint), since a range of DLQ offsets may hold many tenants' deliveries.
+/// one; a tenant token those that covered its own deliveries alone (by delivery id, by
+/// endpoint, or a range of DLQ offsets that held its deliveries alone), since a range may hold
+/// many tenants' deliveries.
 pub async fn list(
     State(state): State<AdminState>,
     caller: Caller,

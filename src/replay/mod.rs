@@ -18,7 +18,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use crate::deliver::outgoing;
-use crate::id::EndpointId;
+use crate::id::{EndpointId, Tenant};
 use crate::kafka::{client_config, producer_config};
 use crate::record::DeliveryRecord;
 use crate::stage::produce_until_acked;
@@ -757,6 +757,7 @@ impl Checked<'_> {
         // that stops short resumes.
         let mut next = request.from_offset;
         let mut heard_at = Instant::now();
+        let mut covered = Covered::default();
         // The latest error the consumer reported since the last record: librdkafka goes on
         // fetching after most of them, so they stop the replay only once it has gone idle.
         let mut failing: Option<KafkaError> = None;
@@ -822,6 +823,7 @@ impl Checked<'_> {
             }
             if request.dry_run {
                 summary.replayed += 1;
+                covered.add(&record.tenant);
                 continue;
             }
             match api::claim_in_range(store, &record.delivery_id, &replay_id).await {
@@ -837,6 +839,7 @@ impl Checked<'_> {
                     break Some(StopCause::Claim(e));
                 }
             }
+            let tenant = record.tenant.clone();
             if !republisher
                 .republish(record, &replay_id, publish_deadline, store)
                 .await
@@ -849,6 +852,7 @@ impl Checked<'_> {
                 });
             }
             summary.replayed += 1;
+            covered.add(&tenant);
         };
         if !request.dry_run {
             telemetry::replayed(summary.replayed);
@@ -866,8 +870,9 @@ impl Checked<'_> {
             ),
             count: summary.replayed,
             dry_run: request.dry_run,
-            // A range of DLQ offsets may hold many tenants' deliveries.
-            tenant: None,
+            // A range of DLQ offsets may hold many tenants' deliveries: it is theirs to read
+            // only when it held one tenant's alone (an endpoint's, say).
+            tenant: covered.tenant(),
         };
         let recorded = record_audit(store, &audit).await;
         match (stop, recorded) {
@@ -889,6 +894,36 @@ impl Checked<'_> {
                 cause,
                 audit_error: recorded.err(),
             }))),
+        }
+    }
+}
+
+/// The tenants whose deliveries a replay of a range republished (or, in a dry run, counted).
+#[derive(Debug, Default)]
+enum Covered {
+    /// None yet.
+    #[default]
+    Nobody,
+    /// One tenant's alone.
+    One(Tenant),
+    /// More than one tenant's.
+    Several,
+}
+
+impl Covered {
+    fn add(&mut self, tenant: &Tenant) {
+        match self {
+            Covered::Nobody => *self = Covered::One(tenant.clone()),
+            Covered::One(one) if one != tenant => *self = Covered::Several,
+            _ => {}
+        }
+    }
+
+    /// The tenant the audit entry names: the one whose deliveries alone it covered.
+    fn tenant(self) -> Option<Tenant> {
+        match self {
+            Covered::One(tenant) => Some(tenant),
+            Covered::Nobody | Covered::Several => None,
         }
     }
 }
@@ -1150,6 +1185,29 @@ mod tests {
         assert_eq!(audits.len(), 1, "{audits:?}");
         assert_eq!(audits[0].count, 1);
         assert!(audits[0].scope.contains("claimed"), "{}", audits[0].scope);
+        assert_eq!(
+            audits[0].tenant.as_ref().map(Tenant::as_str),
+            Some("acme"),
+            "what it republished was one tenant's"
+        );
+    }
+
+    #[test]
+    fn a_range_names_its_tenant_only_when_it_covered_one_alone() {
+        let (acme, globex) = (
+            Tenant::parse("acme").unwrap(),
+            Tenant::parse("globex").unwrap(),
+        );
+        assert_eq!(Covered::default().tenant(), None, "nothing republished");
+        let mut one = Covered::default();
+        one.add(&acme);
+        one.add(&acme);
+        assert_eq!(one.tenant(), Some(acme.clone()));
+        let mut two = Covered::default();
+        for t in [&acme, &globex, &acme] {
+            two.add(t);
+        }
+        assert_eq!(two.tenant(), None, "several tenants'");
     }
 
     #[test]

@@ -163,9 +163,10 @@ pub struct ReplayAudit {
     pub count: u64,
     /// True when nothing was republished on purpose (`--dry-run`).
     pub dry_run: bool,
-    /// The tenant whose deliveries it covered, when it covered one tenant's alone (a replay
-    /// by delivery id or by endpoint); `None` for a range of DLQ offsets, which may hold many
-    /// tenants' deliveries. A tenant reads the entries that name it.
+    /// The tenant whose deliveries it covered, when it covered one tenant's alone: a replay by
+    /// delivery id or by endpoint, or a range of DLQ offsets whose republished records were all
+    /// one tenant's (one endpoint's, say); `None` for a range that held several tenants' (or
+    /// none). A tenant reads the entries that name it.
     pub tenant: Option<Tenant>,
 }
 

@@ -613,6 +613,11 @@ async fn a_range_replay_leaves_deliveries_another_replay_is_sending() {
         (4, 2, 2),
         "{summary:?}"
     );
+    // All of the range was acme's: its audit entry is acme's to read.
+    let acme = Tenant::parse("acme").unwrap();
+    let seen = store.replays(Some(&acme), 10).await.unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].replay_id, summary.replay_id);
     for n in [0, 3] {
         let claim = store.replay_claim(&records[n].delivery_id).await.unwrap();
         assert_eq!(
