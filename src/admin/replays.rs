@@ -62,8 +62,8 @@ pub struct ReplayEntry {
     /// Whether nothing was republished on purpose.
     pub dry_run: bool,
     /// The tenant whose deliveries it covered, when it covered one tenant's alone; `null` for a
-    /// range of DLQ offsets that held several tenants' (and for entries written before schema
-    /// version 6).
+    /// range of DLQ offsets that held several tenants' (or republished none), and for entries
+    /// written before schema version 6.
     pub tenant: Option<String>,
 }
 

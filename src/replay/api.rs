@@ -188,18 +188,30 @@ pub(crate) async fn claim_in_range(
         if busy.is_some() {
             return Ok(false);
         }
-        let mine = ReplayMark {
-            delivery_id: id.clone(),
-            replay_id: replay_id.to_owned(),
-            at: SystemTime::now(),
-        };
-        let over = claim.as_ref().map(|c| c.replay_id.as_str());
-        if store.claim_replay(&mine, over).await? {
+        if claim_over(store, id, replay_id, claim.as_ref()).await? {
             return Ok(true);
         }
     }
     // Claimed by another replay each time it looked: one of them is sending it.
     Ok(false)
+}
+
+/// Claims `id` for replay `replay_id`, now, over `latest`, the claim it read
+/// ([`DeliveryStore::claim_replay`]); whether no other claim came in between.
+async fn claim_over(
+    store: &dyn DeliveryStore,
+    id: &DeliveryId,
+    replay_id: &str,
+    latest: Option<&ReplayMark>,
+) -> Result<bool, StoreError> {
+    let mine = ReplayMark {
+        delivery_id: id.clone(),
+        replay_id: replay_id.to_owned(),
+        at: SystemTime::now(),
+    };
+    store
+        .claim_replay(&mine, latest.map(|c| c.replay_id.as_str()))
+        .await
 }
 
 /// Why a delivery standing so cannot be replayed by its id now, for the caller; `None` for
@@ -252,14 +264,7 @@ async fn claim(
                 "delivery {id} is succeeded: this replay sends dead deliveries only"
             )));
         }
-        let mine = ReplayMark {
-            delivery_id: id.clone(),
-            replay_id: replay_id.to_owned(),
-            at: SystemTime::now(),
-        };
-        let over = latest.as_ref().map(|c| c.replay_id.as_str());
-        if store
-            .claim_replay(&mine, over)
+        if claim_over(store, id, replay_id, latest.as_ref())
             .await
             .map_err(ReplayError::Store)?
         {
