@@ -1055,12 +1055,32 @@ fn pick_hanging(partitions: &[i32]) -> (usize, Vec<usize>) {
 /// gets a note: the phases between ran on a host whose speed moved.
 const HOST_DRIFT: f64 = 1.2;
 
+/// Whether this kernel schedules every session's processes as one group
+/// (`kernel.sched_autogroup_enabled`), when it says. With the groups on, the CPU is shared
+/// between the broker's session and the bench's before it is shared between their threads, and
+/// on 2026-12-06 the test broker's young collections, which stop every request while they run,
+/// took up to 80-147 ms in each of five runs at 22,000 deliveries/s against 19-34 ms with the
+/// groups off (alternating runs, the same broker). See the README's benchmark notes.
+fn autogroups() -> Option<bool> {
+    match std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .ok()?
+        .trim()
+    {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    }
+}
+
 struct Report {
     settings: Settings,
     cpus: usize,
     load_before: String,
     /// How long the local broker had run when the bench started, if it runs here.
     broker_age: Option<Duration>,
+    /// Whether the kernel scheduled each session as a group when the bench started (see
+    /// [`autogroups`]), if it says.
+    autogroups: Option<bool>,
     load_after: String,
     raw: f64,
     /// The raw ceiling measured again at the end, after hookline stopped: how far the host's
@@ -1181,6 +1201,13 @@ impl Report {
             "",
         );
         row("machine: load avg after", self.load_after.clone(), "");
+        if let Some(on) = self.autogroups {
+            row(
+                "machine: sessions scheduled as groups",
+                if on { "yes (autogroup)" } else { "no" }.into(),
+                "",
+            );
+        }
         if let Some(age) = self.broker_age {
             row(
                 "broker: up for (s) when the bench started",
@@ -1417,6 +1444,18 @@ impl Report {
                  steady state. Run the bench again for those.",
                 age.as_secs(),
                 BROKER_WARM.as_secs()
+            );
+        }
+        if self.autogroups == Some(true) && self.broker_age.is_some() {
+            println!(
+                "note: this kernel schedules each session's processes as a group \
+                 (kernel.sched_autogroup_enabled = 1), so the broker's session and the bench's \
+                 share the CPU as two groups, and the broker's young collections, which stop \
+                 every request, can wait for a core for 50-130 ms. The latency run's tail \
+                 follows them. To measure hookline rather than that: \
+                 `sysctl -w kernel.sched_autogroup_enabled=0`, then restart the servers \
+                 (`tests/services down && tests/services up`; a process keeps the group it \
+                 started in)."
             );
         }
         let drift = self.raw_after / self.raw;
@@ -1668,6 +1707,7 @@ async fn run(s: Settings) -> Report {
     let load_before = load_average();
     let broker = local_broker_pid(&s.kafka);
     let broker_age = broker.as_deref().and_then(process_age);
+    let autogroups = autogroups();
     let stop = CancellationToken::new();
     let rx = Receiver::start(s.endpoints, stop.clone()).await;
 
@@ -1938,6 +1978,7 @@ async fn run(s: Settings) -> Report {
         cpus,
         load_before,
         broker_age,
+        autogroups,
         load_after: load_average(),
         raw,
         raw_after,
