@@ -280,7 +280,9 @@ async fn stage(
                 forget_moved(&mut parts, &settlements.sync(consumer));
                 let tp: Tp = (Arc::from(msg.topic()), msg.partition());
                 let offset = msg.offset();
-                settlements.track(&tp, offset);
+                if !settlements.track(&tp, offset) {
+                    continue;
+                }
                 // Paused at the record that fills the window rather than at the next tick: a
                 // burst due at once is forwarded as fast as it is read, and would overshoot.
                 if settlements.needs_pause(&tp) {

@@ -812,7 +812,9 @@ impl Stage {
     /// Tracks a record taken from `tp` and hands it on, pausing the partition at once when
     /// the record filled it.
     fn take(&mut self, consumer: &StageConsumer, tp: Tp, offset: i64, intaken: Intaken) {
-        self.settlements.track(&tp, offset);
+        if !self.settlements.track(&tp, offset) {
+            return;
+        }
         let pause = self.settlements.needs_pause(&tp);
         self.on_record(tp, offset, intaken.decoded, intaken.raw);
         if pause {
@@ -1772,6 +1774,52 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains(r#"reason="lane_full""#), "{text}");
+    }
+
+    /// A record librdkafka hands out again in the same assignment (see
+    /// [`Settlements::track`]) is not queued or sent a second time. The endpoint's lane is
+    /// kept full by hand, so what the stage took waits in its queue.
+    // The mock cluster is not Send: current-thread runtime.
+    #[tokio::test]
+    async fn a_record_handed_out_again_is_not_taken_twice() {
+        use rdkafka::mocking::MockCluster;
+
+        let mock = MockCluster::new(1).unwrap();
+        let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
+        let endpoint = endpoint_at(&endpoints, "http://127.0.0.1:9/hook".into(), 1).await;
+        let deps = Arc::new(deps_on(
+            &endpoints,
+            Arc::new(MemoryStore::with_capacity(16)),
+            &[Duration::from_secs(5)],
+        ));
+        let producer: crate::kafka::Producer =
+            crate::kafka::producer_config(&mock.bootstrap_servers(), &Default::default())
+                .create_with_context(crate::kafka::ProducerLog::default())
+                .unwrap();
+        let consumer: StageConsumer =
+            crate::kafka::consumer_config(&mock.bootstrap_servers(), "g", &Default::default())
+                .create_with_context(crate::stage::StageContext::new("deliver"))
+                .unwrap();
+        let (mut stage, _reports) = Stage::new(deps, producer);
+        let cfg = stage.lane_config(&endpoint);
+        let _slot = stage
+            .lanes
+            .try_acquire(&endpoint.id, cfg, tokio::time::Instant::now())
+            .unwrap();
+        let tp: Tp = (Arc::from("t.deliveries"), 0);
+        let intaken = |offset: i64| Intaken {
+            decoded: Ok(delivery_for(&endpoint.id, &format!("evt_{offset}"))),
+            raw: None,
+        };
+        for offset in [0, 1, 2, 1, 2, 0] {
+            stage.take(&consumer, tp.clone(), offset, intaken(offset));
+        }
+        let queued: Vec<i64> = stage.queues[&endpoint.id]
+            .iter()
+            .map(|q| q.offset)
+            .collect();
+        assert_eq!(queued, [0, 1, 2], "each record taken once");
+        assert_eq!(stage.settlements.in_flight(), 3);
     }
 
     /// The DLQ write of a dead letter is refused for a while: the dead letter is logged and

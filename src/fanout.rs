@@ -317,7 +317,9 @@ pub async fn run(
                 forget_moved(&mut recent, &settlements.sync(&consumer));
                 let tp: Tp = (Arc::from(msg.topic()), msg.partition());
                 let offset = msg.offset();
-                settlements.track(&tp, offset);
+                if !settlements.track(&tp, offset) {
+                    continue;
+                }
                 subs.refresh();
                 match parse_message(&input, &msg, SystemTime::now()) {
                     Ok(event) => {

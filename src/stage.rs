@@ -14,7 +14,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use crate::offsets::OffsetTracker;
+use crate::offsets::{OffsetError, OffsetTracker};
 use crate::telemetry;
 
 /// A topic-partition.
@@ -315,17 +315,38 @@ impl Settlements {
         }
     }
 
-    /// A record was handed to the stage.
-    pub fn track(&mut self, tp: &Tp, offset: i64) {
+    /// A record was handed to the stage. False when the stage already took this offset in the
+    /// partition's current assignment: the caller drops the record, which it has in hand or
+    /// has settled.
+    ///
+    /// librdkafka hands a record out again when a pause races its reading: the pause sets the
+    /// partition's fetch position to the offset after the last record handed out, and a record
+    /// taken from the partition's queue on another thread at that moment is handed out
+    /// without having moved that position yet, so the fetch after the resume starts at it.
+    /// (The delivery stage reads each partition on a task of its own while its loop pauses
+    /// them: the likely cause of a rare duplicate request in the pipeline tests.) No
+    /// stage seeks, and a re-assignment starts a fresh tracker ([`apply`](Self::apply)), so an
+    /// offset at or below one taken is such a record: Kafka rewrites no offset a consumer has
+    /// read (it reads only what every in-sync replica has) unless an unclean leader election
+    /// loses records anyway.
+    #[must_use = "a record the stage already took must be dropped"]
+    pub fn track(&mut self, tp: &Tp, offset: i64) -> bool {
         let tracker = self.trackers.entry(tp.clone()).or_default();
-        if let Err(e) = tracker.track(offset) {
-            // Only a seek or a re-assignment moves a partition backwards; whatever was in
-            // flight is re-read from the committed offset, so start over from here.
-            tracing::warn!(stage = self.stage, topic = %tp.0, partition = tp.1, offset, error = %e,
-                "offset went backwards; restarting the partition's tracking");
-            let mut fresh = OffsetTracker::new();
-            let _ = fresh.track(offset);
-            *tracker = fresh;
+        match tracker.track(offset) {
+            Ok(()) => true,
+            Err(OffsetError::NotIncreasing { highest, .. }) => {
+                tracing::debug!(stage = self.stage, topic = %tp.0, partition = tp.1, offset,
+                    highest, "record read again after a pause; the stage already took it");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(stage = self.stage, topic = %tp.0, partition = tp.1, offset,
+                    error = %e, "an offset that cannot be tracked; restarting the partition's tracking");
+                let mut fresh = OffsetTracker::new();
+                let _ = fresh.track(offset);
+                *tracker = fresh;
+                true
+            }
         }
     }
 
@@ -593,14 +614,14 @@ mod tests {
     #[test]
     fn one_stuck_record_does_not_fill_the_partition_until_the_span_limit() {
         let mut s = Settlements::new("deliver", 4);
-        s.track(&tp(), 0);
+        assert!(s.track(&tp(), 0));
         // Offset 0 hangs; everything behind it settles at once.
         for offset in 1..(4 * SPAN_FACTOR as i64 - 1) {
-            s.track(&tp(), offset);
+            assert!(s.track(&tp(), offset));
             s.settle(&tp(), offset);
             assert!(!s.needs_pause(&tp()), "paused at offset {offset}");
         }
-        s.track(&tp(), 4 * SPAN_FACTOR as i64 - 1);
+        assert!(s.track(&tp(), 4 * SPAN_FACTOR as i64 - 1));
         assert!(s.needs_pause(&tp()), "the span is bounded too");
     }
 
@@ -608,9 +629,9 @@ mod tests {
     fn a_partition_paused_on_its_span_resumes_once_a_window_fits_again() {
         let mut s = Settlements::new("deliver", 4);
         let limit = 4 * SPAN_FACTOR as i64;
-        s.track(&tp(), 0);
+        assert!(s.track(&tp(), 0));
         for offset in 1..limit {
-            s.track(&tp(), offset);
+            assert!(s.track(&tp(), offset));
             s.settle(&tp(), offset);
         }
         let drained = |s: &Settlements| s.drained(&s.trackers[&tp()]);
@@ -620,7 +641,7 @@ mod tests {
         assert!(drained(&s));
         // Unsettled records drain to half; the span needs room for one more window, not half.
         for offset in limit..limit + 4 {
-            s.track(&tp(), offset);
+            assert!(s.track(&tp(), offset));
         }
         assert!(s.needs_pause(&tp()));
         assert!(!drained(&s));
@@ -684,14 +705,37 @@ mod tests {
         assert!(p.holds(&tp(), PauseReason::Hold));
     }
 
+    /// A record handed out again (librdkafka re-reads a partition from before a record it had
+    /// handed out when a pause races the reading) is not taken twice, whether it is still in
+    /// hand, settled, or committed; a new assignment of the partition takes it again.
+    #[test]
+    fn a_record_read_again_in_the_same_assignment_is_not_taken_twice() {
+        let mut s = Settlements::new("deliver", 8);
+        for offset in 0..4 {
+            assert!(s.track(&tp(), offset));
+        }
+        s.settle(&tp(), 0);
+        s.settle(&tp(), 2);
+        for again in 0..4 {
+            assert!(!s.track(&tp(), again), "offset {again} taken twice");
+        }
+        assert_eq!(s.in_flight(), 2, "what is in hand stays tracked as it was");
+        s.settle(&tp(), 1);
+        assert!(!s.track(&tp(), 1), "a settled offset is not taken again");
+        assert!(s.track(&tp(), 4), "the partition goes on");
+        // After a re-assignment the partition is read from its committed offset: taken anew.
+        s.apply(&[RebalanceEvent::Assigned(vec![tp()])]);
+        assert!(s.track(&tp(), 2));
+    }
+
     #[test]
     fn max_window_unsettled_records_fill_the_partition() {
         let mut s = Settlements::new("deliver", 4);
         for offset in 0..3 {
-            s.track(&tp(), offset);
+            assert!(s.track(&tp(), offset));
         }
         assert!(!s.needs_pause(&tp()));
-        s.track(&tp(), 3);
+        assert!(s.track(&tp(), 3));
         assert!(s.needs_pause(&tp()));
         s.settle(&tp(), 1);
         assert!(!s.needs_pause(&tp()), "three unsettled are below the bound");
