@@ -1540,6 +1540,13 @@ mod tests {
         (endpoint, Arc::new(deps_on(&endpoints, store, &tiers)))
     }
 
+    /// A producer with hookline's settings to the (mock) cluster at `bootstrap`.
+    fn producer_to(bootstrap: &str) -> crate::kafka::Producer {
+        crate::kafka::producer_config(bootstrap, &Default::default())
+            .create_with_context(crate::kafka::ProducerLog::default())
+            .unwrap()
+    }
+
     /// An endpoint of tenant `acme` at `url`, written to `endpoints`.
     async fn endpoint_at(
         endpoints: &MemoryEndpointStore,
@@ -1660,10 +1667,7 @@ mod tests {
             Arc::new(MemoryStore::with_capacity(16)),
             &[s(1)],
         );
-        let producer: crate::kafka::Producer =
-            crate::kafka::producer_config(&mock.bootstrap_servers(), &Default::default())
-                .create_with_context(crate::kafka::ProducerLog::default())
-                .unwrap();
+        let producer = producer_to(&mock.bootstrap_servers());
         let (mut stage, _reports) = Stage::new(Arc::new(deps), producer);
         let id = endpoint.id.clone();
         let cfg = stage.lane_config(&endpoint);
@@ -1711,10 +1715,7 @@ mod tests {
         for tier in deps.tiers.all() {
             mock.create_topic(&tier.topic, 1, 1).unwrap();
         }
-        let producer: crate::kafka::Producer =
-            crate::kafka::producer_config(&mock.bootstrap_servers(), &Default::default())
-                .create_with_context(crate::kafka::ProducerLog::default())
-                .unwrap();
+        let producer = producer_to(&mock.bootstrap_servers());
         let (mut stage, (_done_rx, mut parks_rx)) = Stage::new(deps, producer);
         let id = endpoint.id.clone();
         let tp: Tp = (Arc::from("t.deliveries"), 0);
@@ -1792,10 +1793,7 @@ mod tests {
             Arc::new(MemoryStore::with_capacity(16)),
             &[Duration::from_secs(5)],
         ));
-        let producer: crate::kafka::Producer =
-            crate::kafka::producer_config(&mock.bootstrap_servers(), &Default::default())
-                .create_with_context(crate::kafka::ProducerLog::default())
-                .unwrap();
+        let producer = producer_to(&mock.bootstrap_servers());
         let consumer: StageConsumer =
             crate::kafka::consumer_config(&mock.bootstrap_servers(), "g", &Default::default())
                 .create_with_context(crate::stage::StageContext::new("deliver"))
@@ -1835,10 +1833,7 @@ mod tests {
 
         let mock = MockCluster::new(1).unwrap();
         mock.create_topic("t.dlq", 1, 1).unwrap();
-        let producer: crate::kafka::Producer =
-            crate::kafka::producer_config(&mock.bootstrap_servers(), &Default::default())
-                .create_with_context(crate::kafka::ProducerLog::default())
-                .unwrap();
+        let producer = producer_to(&mock.bootstrap_servers());
         let recorder = PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         let _local = metrics::set_default_local_recorder(&recorder);
