@@ -339,12 +339,11 @@ impl Settlements {
                     highest, "record read again after a pause; the stage already took it");
                 false
             }
+            // A negative offset (librdkafka hands none out), which no tracker takes.
             Err(e) => {
                 tracing::warn!(stage = self.stage, topic = %tp.0, partition = tp.1, offset,
                     error = %e, "an offset that cannot be tracked; restarting the partition's tracking");
-                let mut fresh = OffsetTracker::new();
-                let _ = fresh.track(offset);
-                *tracker = fresh;
+                *tracker = OffsetTracker::new();
                 true
             }
         }
