@@ -73,6 +73,9 @@
 //! `kafka.client` would give them), `HOOKLINE_BENCH_STORE` (`memory` | `scylla`: the CQL store of
 //! `tests/services up`, keyspace `hookline`, migrated first, logged in as
 //! `HOOKLINE_BENCH_CQL_USER` / `HOOKLINE_BENCH_CQL_PASSWORD`, default cassandra/cassandra),
+//! `HOOKLINE_BENCH_STORE_CAPACITY` (the memory store's `store.memory.capacity`, 200000: a run
+//! delivers more than that, so the store forgets a delivery for each new one from the
+//! throughput run's end on; set it above the run's deliveries to measure without that),
 //! `HOOKLINE_BENCH_EVENT_PARTITIONS` (the events topic's, 1: see above),
 //! `HOOKLINE_BENCH_KAFKA` (bootstrap, 127.0.0.1:9092), `HOOKLINE_BENCH_LINGER_MS` (the load
 //! generator's linger, 5; hookline's own producers keep their default),
@@ -139,6 +142,7 @@ struct Settings {
     event_partitions: u32,
     body: Body,
     store: String,
+    store_capacity: Option<usize>,
     kafka: String,
     linger_ms: u32,
     max_in_flight: Option<u32>,
@@ -175,6 +179,12 @@ impl Settings {
                 },
             },
             store: env("HOOKLINE_BENCH_STORE", "memory".to_owned()),
+            store_capacity: std::env::var("HOOKLINE_BENCH_STORE_CAPACITY")
+                .ok()
+                .map(|v| {
+                    v.parse()
+                        .expect("HOOKLINE_BENCH_STORE_CAPACITY is a number")
+                }),
             kafka: env("HOOKLINE_BENCH_KAFKA", "127.0.0.1:9092".to_owned()),
             linger_ms: env("HOOKLINE_BENCH_LINGER_MS", 5u32),
             max_in_flight: std::env::var("HOOKLINE_BENCH_MAX_IN_FLIGHT")
@@ -964,6 +974,9 @@ fn bench_config(s: &Settings, run: &str) -> Config {
         "scylla" => StoreKind::Scylla,
         other => panic!("HOOKLINE_BENCH_STORE={other:?}: memory or scylla"),
     };
+    if let Some(n) = s.store_capacity {
+        c.store.memory.capacity = n;
+    }
     // The CQL node of `tests/services up` asks for a login: its default superuser unless
     // HOOKLINE_BENCH_CQL_USER / HOOKLINE_BENCH_CQL_PASSWORD name another.
     let login = |var, default: &str| std::env::var(var).unwrap_or_else(|_| default.to_owned());
@@ -1471,7 +1484,7 @@ impl Report {
         }
         println!(
             "settings: events={} (isolation {}), endpoints={} (all subscribed to *), partitions={} \
-             (events topic {}), delivered body={} B (asked {}, {} pad), store={}, kafka={}, \
+             (events topic {}), delivered body={} B (asked {}, {} pad), store={}{}, kafka={}, \
              load generator linger.ms={}, max_in_flight/endpoint={}, http total timeout={:?}, \
              raw: {} connections for {:?}, latency run {:?} after a {:?} warm-up, phase deadline \
              {:?}",
@@ -1484,6 +1497,13 @@ impl Report {
             s.body.bytes,
             <&str>::from(s.body.pad),
             s.store,
+            match (s.store.as_str(), s.store_capacity) {
+                ("memory", n) => format!(
+                    " (keeps {} deliveries)",
+                    n.unwrap_or(hookline::storage::memory::DEFAULT_CAPACITY)
+                ),
+                _ => String::new(),
+            },
             s.kafka,
             s.linger_ms,
             s.max_in_flight

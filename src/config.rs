@@ -595,6 +595,8 @@ pub struct SecurityConfig {
 pub struct StoreConfig {
     /// `memory` (for `hookline dev` and tests) or `scylla`.
     pub kind: StoreKind,
+    /// Used when `kind = "memory"`.
+    pub memory: MemoryStoreConfig,
     /// Used when `kind = "scylla"`; validated whatever the kind, so a mistake shows before the
     /// switch to it.
     pub scylla: ScyllaConfig,
@@ -604,10 +606,32 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             kind: StoreKind::Scylla,
+            memory: MemoryStoreConfig::default(),
             scylla: ScyllaConfig::default(),
         }
     }
 }
+
+/// `[store.memory]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemoryStoreConfig {
+    /// How many deliveries the in-memory store keeps; past that it forgets the oldest. Its
+    /// tables are sized for this many when it starts.
+    pub capacity: usize,
+}
+
+impl Default for MemoryStoreConfig {
+    fn default() -> Self {
+        MemoryStoreConfig {
+            capacity: crate::storage::memory::DEFAULT_CAPACITY,
+        }
+    }
+}
+
+/// Most deliveries `store.memory.capacity` accepts: the store sizes its tables for its capacity
+/// at start, and a delivery with a full attempt log can hold several KiB.
+pub const MAX_MEMORY_CAPACITY: usize = 10_000_000;
 
 /// Which store keeps the attempt log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -1090,6 +1114,13 @@ impl Config {
     }
 
     fn validate_store(&self) -> Result<(), ConfigError> {
+        let capacity = self.store.memory.capacity;
+        if !(1..=MAX_MEMORY_CAPACITY).contains(&capacity) {
+            return Err(invalid(
+                "store.memory.capacity",
+                format!("= {capacity} must be between 1 and {MAX_MEMORY_CAPACITY}"),
+            ));
+        }
         self.store
             .scylla
             .validate()
@@ -1932,6 +1963,11 @@ mod tests {
                 "[http]\ndns_servers = [\"8.8.8.8\"]",
                 "http.dns_servers[0] = \"8.8.8.8\" is not an address",
             ),
+            (
+                "[store.memory]\ncapacity = 0",
+                "store.memory.capacity = 0 must be between 1 and 10000000",
+            ),
+            ("[store.memory]\ncapacity = -5", "store.memory.capacity"),
             (
                 "[admin]\noperator_tokens = [\"short\"]",
                 "admin.operator_tokens[0] must be 16 to 1024 characters (got 5)",

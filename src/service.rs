@@ -157,7 +157,9 @@ pub fn spawn_stage(
 /// Opens the delivery store the config names.
 pub async fn open_store(config: &Config) -> Result<Arc<dyn DeliveryStore>, ServiceError> {
     match config.store.kind {
-        StoreKind::Memory => Ok(Arc::new(MemoryStore::default())),
+        StoreKind::Memory => Ok(Arc::new(MemoryStore::with_capacity(
+            config.store.memory.capacity,
+        ))),
         // Start-up waits (bounded by store.scylla.startup_wait) for a cluster that is still
         // coming up; a keyspace that needs `hookline migrate` fails at once. Every message
         // names the nodes, so a wrong address is obvious.
@@ -404,6 +406,26 @@ pub fn install_metrics(config: &Config) -> Result<(), ServiceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_memory_store_keeps_as_many_deliveries_as_configured() {
+        let mut config = Config::default();
+        config.store.kind = StoreKind::Memory;
+        config.store.memory.capacity = 2;
+        let store = open_store(&config).await.expect("memory store");
+        for i in 0..3 {
+            let row = crate::storage::conformance::attempt_row(&format!("e{i}"), "ep_cfg", 1);
+            store.record_attempt(&row).await.expect("attempt recorded");
+        }
+        let kept = |e: &str| {
+            let store = store.clone();
+            let e = crate::id::EventId::parse(e).expect("event id");
+            async move { store.event_deliveries(&e).await.expect("lookup").len() }
+        };
+        assert_eq!(kept("e0").await, 0, "the oldest delivery is forgotten");
+        assert_eq!(kept("e1").await, 1);
+        assert_eq!(kept("e2").await, 1);
+    }
 
     #[test]
     fn a_configured_cool_down_is_kept_and_grows_to_five_minutes_or_itself() {
