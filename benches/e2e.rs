@@ -111,6 +111,7 @@ use hookline::id::Tenant;
 use hookline::kafka::{client_config, producer_config};
 use hookline::migrate::{MIGRATIONS, migrate};
 use hookline::service::{self, Role};
+use hookline::storage::memory::DEFAULT_CAPACITY;
 use hookline::storage::scylla::{CqlPassword, connect_session};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
@@ -142,7 +143,7 @@ struct Settings {
     event_partitions: u32,
     body: Body,
     store: String,
-    store_capacity: Option<usize>,
+    store_capacity: usize,
     kafka: String,
     linger_ms: u32,
     max_in_flight: Option<u32>,
@@ -179,12 +180,7 @@ impl Settings {
                 },
             },
             store: env("HOOKLINE_BENCH_STORE", "memory".to_owned()),
-            store_capacity: std::env::var("HOOKLINE_BENCH_STORE_CAPACITY")
-                .ok()
-                .map(|v| {
-                    v.parse()
-                        .expect("HOOKLINE_BENCH_STORE_CAPACITY is a number")
-                }),
+            store_capacity: env("HOOKLINE_BENCH_STORE_CAPACITY", DEFAULT_CAPACITY),
             kafka: env("HOOKLINE_BENCH_KAFKA", "127.0.0.1:9092".to_owned()),
             linger_ms: env("HOOKLINE_BENCH_LINGER_MS", 5u32),
             max_in_flight: std::env::var("HOOKLINE_BENCH_MAX_IN_FLIGHT")
@@ -974,9 +970,7 @@ fn bench_config(s: &Settings, run: &str) -> Config {
         "scylla" => StoreKind::Scylla,
         other => panic!("HOOKLINE_BENCH_STORE={other:?}: memory or scylla"),
     };
-    if let Some(n) = s.store_capacity {
-        c.store.memory.capacity = n;
-    }
+    c.store.memory.capacity = s.store_capacity;
     // The CQL node of `tests/services up` asks for a login: its default superuser unless
     // HOOKLINE_BENCH_CQL_USER / HOOKLINE_BENCH_CQL_PASSWORD name another.
     let login = |var, default: &str| std::env::var(var).unwrap_or_else(|_| default.to_owned());
@@ -1497,12 +1491,10 @@ impl Report {
             s.body.bytes,
             <&str>::from(s.body.pad),
             s.store,
-            match (s.store.as_str(), s.store_capacity) {
-                ("memory", n) => format!(
-                    " (keeps {} deliveries)",
-                    n.unwrap_or(hookline::storage::memory::DEFAULT_CAPACITY)
-                ),
-                _ => String::new(),
+            if s.store == "memory" {
+                format!(" (keeps {} deliveries)", s.store_capacity)
+            } else {
+                String::new()
             },
             s.kafka,
             s.linger_ms,
