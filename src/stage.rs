@@ -339,11 +339,13 @@ impl Settlements {
                     highest, "record read again after a pause; the stage already took it");
                 false
             }
-            // A negative offset (librdkafka hands none out), which no tracker takes.
+            // A negative offset (librdkafka hands none out), which no tracker takes. The record
+            // is handled all the same, so nothing is lost, and the tracker is left as it is:
+            // emptying it would forget the records in flight, and the next settle could then
+            // commit past them.
             Err(e) => {
                 tracing::warn!(stage = self.stage, topic = %tp.0, partition = tp.1, offset,
-                    error = %e, "an offset that cannot be tracked; restarting the partition's tracking");
-                *tracker = OffsetTracker::new();
+                    error = %e, "an offset that cannot be tracked; the record is handled, its offset never committed");
                 true
             }
         }
@@ -725,6 +727,27 @@ mod tests {
         // After a re-assignment the partition is read from its committed offset: taken anew.
         s.apply(&[RebalanceEvent::Assigned(vec![tp()])]);
         assert!(s.track(&tp(), 2));
+    }
+
+    /// A record with an offset no tracker takes (librdkafka hands out none below 0) is still
+    /// handled, and the records in flight beside it stay tracked: the partition's commit
+    /// frontier waits for them as before.
+    #[test]
+    fn an_offset_that_cannot_be_tracked_forgets_nothing_in_flight() {
+        let mut s = Settlements::new("deliver", 8);
+        for offset in 0..3 {
+            assert!(s.track(&tp(), offset));
+        }
+        s.settle(&tp(), 1);
+        assert!(s.track(&tp(), -1), "the record is handled, not dropped");
+        assert_eq!(s.in_flight(), 2, "offsets 0 and 2 are still in flight");
+        assert!(s.track(&tp(), 3));
+        s.settle(&tp(), 3);
+        let frontier = |s: &Settlements| s.trackers[&tp()].frontier();
+        assert_eq!(frontier(&s), Some(0), "offset 0 holds the frontier");
+        s.settle(&tp(), 0);
+        s.settle(&tp(), 2);
+        assert_eq!(frontier(&s), Some(4));
     }
 
     #[test]
