@@ -5,6 +5,13 @@
 //! Then it times, one delivery after another, the store's part of a replay through the admin
 //! API: the mark and claim reads, the claim (a lightweight transaction) and the mark.
 //!
+//! Last, a replay of a range of DLQ offsets end to end (`hookline replay`'s work): dead letters
+//! written to a fresh DLQ topic on the broker at `HOOKLINE_BENCH_KAFKA` (127.0.0.1:9092, also
+//! from `tests/services up`), each claimed in the store, republished to a fresh deliveries topic
+//! and noted, with the in-memory store and with this CQL store, one record at a time and
+//! [`WINDOW`] at once (`HOOKLINE_BENCH_REPLAY_WINDOW` sets another); `HOOKLINE_BENCH_REPLAY_RECORDS`
+//! (default 2000) dead letters per replay.
+//!
 //! `cargo bench --bench attempt_log`; `HOOKLINE_BENCH_SECS` (default 10) sets each run's length,
 //! `HOOKLINE_BENCH_MAX_WRITES` the store's `max_concurrent_writes` (default: the config default),
 //! `HOOKLINE_BENCH_CQL_USER` / `HOOKLINE_BENCH_CQL_PASSWORD` the login (default cassandra/cassandra,
@@ -25,11 +32,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use hookline::attempt::ErrorClass;
+use hookline::deliver::outgoing;
+use hookline::kafka::{
+    Producer, ProducerLog, TopicSpec, client_config, ensure_topics, producer_config,
+};
 use hookline::migrate::{MIGRATIONS, migrate};
+use hookline::replay::{ReplayRequest, ReplayTarget, WINDOW, check};
 use hookline::retry_policy::DeadReason;
-use hookline::storage::conformance::attempt_row;
+use hookline::stage::produce_until_acked;
+use hookline::storage::conformance::{attempt_row, dead_letter};
+use hookline::storage::memory::MemoryStore;
 use hookline::storage::scylla::{CqlPassword, ScyllaConfig, ScyllaStore, connect_session};
 use hookline::storage::{AttemptOutcome, AttemptRow, DeliveryStore, ReplayMark};
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use tokio_util::sync::CancellationToken;
 
 const CQL_ADDR: &str = "127.0.0.1:9042";
 /// Endpoints of the modelled delivery stage; every event goes to each.
@@ -186,6 +203,96 @@ async fn claims(store: &ScyllaStore, count: u64) {
     );
 }
 
+/// Replays of `count` dead letters each, through the broker at `HOOKLINE_BENCH_KAFKA`, with the
+/// in-memory store and with `cql`, one record at a time and `window` at once. Each replay has
+/// dead letters of its own, appended to the DLQ before it starts.
+async fn range_replays(cql: &ScyllaStore, count: usize, window: usize) {
+    let kafka = env_str("HOOKLINE_BENCH_KAFKA", "127.0.0.1:9092");
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let target = ReplayTarget {
+        bootstrap: kafka.clone(),
+        client: Default::default(),
+        dlq: format!("hl_bench_dlq_{suffix}"),
+        deliveries: format!("hl_bench_deliveries_{suffix}"),
+    };
+    let specs = [&target.dlq, &target.deliveries].map(|name| TopicSpec {
+        name: name.clone(),
+        partitions: 1,
+        compacted: false,
+    });
+    if let Err(e) = ensure_topics(&kafka, &Default::default(), &specs, 1, 1 << 20).await {
+        eprintln!("no Kafka broker for the replay runs ({e}): start it with `tests/services up`");
+        std::process::exit(1);
+    }
+    let producer: Producer = producer_config(&kafka, &Default::default())
+        .create_with_context(ProducerLog::default())
+        .expect("producer");
+    let never = CancellationToken::new();
+    let memory = MemoryStore::default();
+    let runs: [(&str, &dyn DeliveryStore, usize); 4] = [
+        ("memory", &memory, 1),
+        ("memory", &memory, window),
+        ("cql", cql, 1),
+        ("cql", cql, window),
+    ];
+    let mut rates = Vec::new();
+    let mut from = 0i64;
+    for (run, (store_name, store, at_once)) in runs.into_iter().enumerate() {
+        let dlq: Arc<str> = Arc::from(target.dlq.as_str());
+        let writes = (0..count).map(|n| {
+            let letter = dead_letter(&format!("evt_r{run}_{n}"), 1000);
+            let out = outgoing(dlq.clone(), &letter);
+            let (producer, never) = (&producer, &never);
+            async move { produce_until_acked(producer, out, never).await }
+        });
+        let written = futures::future::join_all(writes).await;
+        assert!(
+            written.iter().all(|acked| *acked),
+            "the DLQ took every dead letter"
+        );
+        let request = ReplayRequest {
+            partition: 0,
+            from_offset: from,
+            to_offset: from + i64::try_from(count).expect("count") - 1,
+            endpoint: None,
+            actor: "bench".into(),
+            reason: "bench".into(),
+            dry_run: false,
+        };
+        let began = Instant::now();
+        let summary = check(&target, &request)
+            .await
+            .expect("the range is in the DLQ")
+            .window(at_once)
+            .run(store, &mut |_, _| {})
+            .await
+            .expect("the replay covers its range");
+        let took = began.elapsed();
+        assert_eq!(summary.replayed, count as u64, "{summary:?}");
+        let rate = count as f64 / took.as_secs_f64();
+        println!(
+            "range replay, {store_name:<6} store, {at_once:>3} at once: {count} dead letters in \
+             {:>6.2}s = {rate:>7.0} records/s",
+            took.as_secs_f64()
+        );
+        rates.push(rate);
+        from += i64::try_from(count).expect("count");
+    }
+    println!(
+        "range replay, {window} at once against one at a time: memory store {:.1}x, cql store \
+         {:.1}x",
+        rates[1] / rates[0],
+        rates[3] / rates[2]
+    );
+    let admin: AdminClient<DefaultClientContext> = client_config(&kafka, &Default::default())
+        .create()
+        .expect("admin client");
+    let names = [target.dlq.as_str(), target.deliveries.as_str()];
+    if let Err(e) = admin.delete_topics(&names, &AdminOptions::new()).await {
+        eprintln!("could not delete the replay topics: {e}");
+    }
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -252,6 +359,13 @@ fn main() {
             run(store.clone(), concurrency, length, next.clone()).await;
         }
         claims(&store, if smoke { 20 } else { 500 }).await;
+        let records = if smoke {
+            50
+        } else {
+            env_u64("HOOKLINE_BENCH_REPLAY_RECORDS", 2000) as usize
+        };
+        let window = env_u64("HOOKLINE_BENCH_REPLAY_WINDOW", WINDOW as u64) as usize;
+        range_replays(&store, records, window).await;
         let drop = format!("DROP KEYSPACE IF EXISTS {}", config.keyspace);
         if let Err(e) = session.query_unpaged(drop, ()).await {
             eprintln!("could not drop {}: {e}", config.keyspace);

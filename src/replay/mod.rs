@@ -4,11 +4,14 @@
 //! Each delivery is claimed before it is republished, and one that another replay is sending
 //! at that moment is left to it, so that two replays at once send it once.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::ClientContext;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -316,8 +319,13 @@ pub struct Incomplete {
     /// The first offset not replayed: everything before it in the range was read and
     /// republished (or filtered, or skipped as not a dead letter); a new replay resumes here.
     pub resume_from: i64,
-    /// Records republished before the stop (in a dry run, counted).
+    /// Records republished before the stop (in a dry run, counted), `replayed_past` included.
     pub replayed: u64,
+    /// Of those, the records after `resume_from`: a replay sends several records at once, and
+    /// those that were on their way when one failed were republished all the same. A replay
+    /// resumed at `resume_from` sends them again (with the same `webhook-id`) unless their
+    /// first replay's attempts are still to come.
+    pub replayed_past: u64,
     /// Whether this was a dry run.
     pub dry_run: bool,
     /// Why it stopped.
@@ -382,6 +390,7 @@ impl fmt::Display for Incomplete {
             to_offset,
             resume_from,
             replayed,
+            replayed_past,
             dry_run,
             cause,
             audit_error,
@@ -406,14 +415,24 @@ impl fmt::Display for Incomplete {
         } else {
             ("republished", "from")
         };
+        let before = replayed - replayed_past;
         if resume_from > from_offset {
             write!(
                 f,
-                "it {verb} {replayed} records {prep} offsets {from_offset}..={}",
+                "it {verb} {before} records {prep} offsets {from_offset}..={}",
                 resume_from - 1
             )?;
-        } else {
+        } else if *replayed_past == 0 {
             write!(f, "it {verb} nothing")?;
+        } else {
+            write!(f, "it {verb} nothing before it")?;
+        }
+        if *replayed_past > 0 {
+            write!(
+                f,
+                " and {}, under way when it stopped",
+                past_count(*replayed_past, *resume_from)
+            )?;
         }
         match audit_error {
             None => f.write_str(", as its audit entry records")?,
@@ -423,11 +442,22 @@ impl fmt::Display for Incomplete {
                  record of it"
             )?,
         }
-        write!(
-            f,
-            ". Offsets {resume_from}..={to_offset} were not replayed; to replay them, run it again \
-             with --partition {partition} --from-offset {resume_from} --to-offset {to_offset}"
-        )
+        if *replayed_past > 0 {
+            write!(
+                f,
+                ". Offsets {resume_from}..={to_offset} were not all replayed; to replay them, run \
+                 it again with --partition {partition} --from-offset {resume_from} --to-offset \
+                 {to_offset} (what it republished after offset {resume_from} is sent again, with \
+                 the same webhook-id, unless its attempts are still to come)"
+            )
+        } else {
+            write!(
+                f,
+                ". Offsets {resume_from}..={to_offset} were not replayed; to replay them, run it \
+                 again with --partition {partition} --from-offset {resume_from} --to-offset \
+                 {to_offset}"
+            )
+        }
     }
 }
 
@@ -457,6 +487,20 @@ pub const PUBLISH_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The longest one poll of the DLQ consumer blocks, so the idle limit is noticed on time.
 const POLL_WAIT: Duration = Duration::from_millis(500);
+
+/// How many dead letters a replay of a range claims and republishes at once, unless
+/// [`Checked::window`] says otherwise. One at a time, each record waits for its claim (a
+/// lightweight transaction in the CQL store), the broker's acknowledgement and its note in
+/// the store, one after the other.
+pub const WINDOW: usize = 64;
+
+/// How far past the lowest offset still being sent the reader may go, in windows: a failure
+/// then leaves at most this many windows of records sent past the offset a resumed replay
+/// starts at.
+const SPAN_WINDOWS: usize = 4;
+
+/// How long the reader waits for a send to finish when the DLQ has nothing for it at once.
+const SEND_STEP: Duration = Duration::from_millis(5);
 
 /// Turns a librdkafka error into [`ReplayError::Kafka`], naming the brokers and what replay
 /// was doing (`action`).
@@ -644,6 +688,8 @@ pub struct Checked<'a> {
     idle_limit: Duration,
     /// See [`Checked::publish_deadline`].
     publish_deadline: Duration,
+    /// See [`Checked::window`].
+    window: usize,
 }
 
 /// Checks `request` locally ([`ReplayRequest::validate`]), then with the brokers: the DLQ topic
@@ -691,6 +737,7 @@ pub async fn check<'a>(
         total,
         idle_limit: IDLE_LIMIT,
         publish_deadline: PUBLISH_DEADLINE,
+        window: WINDOW,
     })
 }
 
@@ -725,6 +772,13 @@ impl Checked<'_> {
         self
     }
 
+    /// Sets how many records replay claims and republishes at once; [`WINDOW`] unless set, 1
+    /// to send them one after the other.
+    pub fn window(mut self, records: usize) -> Self {
+        self.window = records.max(1);
+        self
+    }
+
     /// Republishes the checked range (unless a dry run) and records the audit entry in `store`.
     /// A replay that stops short of the range's end fails with [`ReplayError::Incomplete`],
     /// after recording an audit entry for the part it covered.
@@ -741,6 +795,7 @@ impl Checked<'_> {
             total,
             idle_limit,
             publish_deadline,
+            window,
         } = self;
         let replay_id = new_replay_id();
         let republisher = Republisher::new(target)?;
@@ -753,19 +808,36 @@ impl Checked<'_> {
             skipped_being_replayed: 0,
             last_offset: last,
         };
-        // The first offset not yet covered (republished, filtered or skipped): where a replay
-        // that stops short resumes.
+        // The first offset the reader has not read: past every record read, each of them
+        // covered (filtered, skipped, counted) or among `window`'s sends.
         let mut next = request.from_offset;
         let mut heard_at = Instant::now();
         let mut covered = Covered::default();
+        let mut window = Window::new(window);
+        let mut sends = FuturesUnordered::new();
         // The latest error the consumer reported since the last record: librdkafka goes on
         // fetching after most of them, so they stop the replay only once it has gone idle.
         let mut failing: Option<KafkaError> = None;
-        let stop = loop {
-            if next > last {
+        let read_stop = loop {
+            // Take in the sends that finished; after a failed one, read no further.
+            while let Some(Some((offset, sent))) = sends.next().now_or_never() {
+                window.settle(offset, sent, &mut summary, &mut covered);
+            }
+            if window.failed.is_some() || next > last {
                 break None;
             }
-            let wait = idle_limit.saturating_sub(heard_at.elapsed()).min(POLL_WAIT);
+            if window.is_full(next) {
+                if let Some((offset, sent)) = sends.next().await {
+                    window.settle(offset, sent, &mut summary, &mut covered);
+                }
+                continue;
+            }
+            let busy = !sends.is_empty();
+            let wait = if busy {
+                Duration::ZERO
+            } else {
+                idle_limit.saturating_sub(heard_at.elapsed()).min(POLL_WAIT)
+            };
             // The consumer's poll blocks; keep it off the async workers' backs.
             let read_failed = |source| StopCause::Read {
                 bootstrap: target.bootstrap.clone(),
@@ -794,6 +866,15 @@ impl Checked<'_> {
                                 .take()
                                 .map_or(StopCause::Idle(idle_limit), read_failed),
                         );
+                    }
+                    if busy {
+                        // Nothing to read at once: give the sends a moment instead.
+                        let step = idle_limit.saturating_sub(heard_at.elapsed()).min(SEND_STEP);
+                        if let Ok(Some((offset, sent))) =
+                            tokio::time::timeout(step, sends.next()).await
+                        {
+                            window.settle(offset, sent, &mut summary, &mut covered);
+                        }
                     }
                     continue;
                 }
@@ -826,33 +907,27 @@ impl Checked<'_> {
                 covered.add(&record.tenant);
                 continue;
             }
-            match api::claim_in_range(store, &record.delivery_id, &replay_id).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::info!(delivery = %record.delivery_id, replay_id,
-                        offset = msg.offset(), "another replay is sending this delivery; left to it");
-                    summary.skipped_being_replayed += 1;
-                    continue;
-                }
-                Err(e) => {
-                    next = msg.offset();
-                    break Some(StopCause::Claim(e));
-                }
+            let offset = msg.offset();
+            window.in_flight.insert(offset);
+            let (republisher, replay_id) = (&republisher, replay_id.as_str());
+            sends.push(async move {
+                let sent = send(store, republisher, record, replay_id, publish_deadline).await;
+                (offset, sent)
+            });
+        };
+        // Let the sends under way finish: each was claimed, and may already be on its way.
+        while let Some((offset, sent)) = sends.next().await {
+            window.settle(offset, sent, &mut summary, &mut covered);
+        }
+        drop(sends);
+        // A failed send stops the replay at its offset, below anything the reader reached.
+        let (stop, past) = match window.failed.take() {
+            Some((offset, cause)) => {
+                next = offset;
+                let past = window.sent_past(offset);
+                (Some(cause), past)
             }
-            let tenant = record.tenant.clone();
-            if !republisher
-                .republish(record, &replay_id, publish_deadline, store)
-                .await
-            {
-                // Not republished: a resumed replay starts with it.
-                next = msg.offset();
-                break Some(StopCause::Publish {
-                    topic: target.deliveries.clone(),
-                    deadline: publish_deadline,
-                });
-            }
-            summary.replayed += 1;
-            covered.add(&tenant);
+            None => (read_stop, 0),
         };
         if !request.dry_run {
             telemetry::replayed(summary.replayed);
@@ -866,7 +941,7 @@ impl Checked<'_> {
                 target,
                 request,
                 last,
-                stop.as_ref().map(|cause| (cause, next)),
+                stop.as_ref().map(|cause| (cause, next, past)),
             ),
             count: summary.replayed,
             dry_run: request.dry_run,
@@ -890,6 +965,7 @@ impl Checked<'_> {
                 to_offset: request.to_offset,
                 resume_from: next,
                 replayed: summary.replayed,
+                replayed_past: past,
                 dry_run: request.dry_run,
                 cause,
                 audit_error: recorded.err(),
@@ -928,6 +1004,119 @@ impl Covered {
     }
 }
 
+/// How one dead letter's send ended.
+enum Sent {
+    /// Claimed and republished, for this tenant.
+    Replayed(Tenant),
+    /// Another replay is sending it: left to that one.
+    LeftToAnother,
+    /// The claim or the republish failed: the replay stops at this record.
+    Failed(StopCause),
+}
+
+/// Claims `record`'s delivery for replay `replay_id` and republishes it.
+async fn send(
+    store: &dyn DeliveryStore,
+    republisher: &Republisher,
+    record: DeliveryRecord,
+    replay_id: &str,
+    deadline: Duration,
+) -> Sent {
+    match api::claim_in_range(store, &record.delivery_id, replay_id).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::info!(delivery = %record.delivery_id, replay_id,
+                "another replay is sending this delivery; left to it");
+            return Sent::LeftToAnother;
+        }
+        Err(e) => return Sent::Failed(StopCause::Claim(e)),
+    }
+    let tenant = record.tenant.clone();
+    if republisher
+        .republish(record, replay_id, deadline, store)
+        .await
+    {
+        Sent::Replayed(tenant)
+    } else {
+        Sent::Failed(StopCause::Publish {
+            topic: republisher.deliveries.to_string(),
+            deadline,
+        })
+    }
+}
+
+/// The sends of a replay of a range that are under way, by DLQ offset.
+struct Window {
+    /// At most this many at once.
+    limit: usize,
+    /// And none this far or further past the lowest under way.
+    span: i64,
+    in_flight: BTreeSet<i64>,
+    /// Republished offsets above an offset still in flight, or above one that failed: sent
+    /// past where the replay may stop. Fewer than `span` of them.
+    ahead: BTreeSet<i64>,
+    /// The lowest offset whose send failed, and why.
+    failed: Option<(i64, StopCause)>,
+}
+
+impl Window {
+    /// Room for `limit` sends at once (at least 1).
+    fn new(limit: usize) -> Window {
+        let limit = limit.max(1);
+        Window {
+            limit,
+            span: i64::try_from(limit.saturating_mul(SPAN_WINDOWS)).unwrap_or(i64::MAX),
+            in_flight: BTreeSet::new(),
+            ahead: BTreeSet::new(),
+            failed: None,
+        }
+    }
+
+    /// Whether the reader waits for a send to finish before it reads the record at `next`.
+    fn is_full(&self, next: i64) -> bool {
+        self.in_flight.len() >= self.limit
+            || self
+                .in_flight
+                .first()
+                .is_some_and(|&lowest| next - lowest >= self.span)
+    }
+
+    /// Counts the send of the record at `offset`.
+    fn settle(
+        &mut self,
+        offset: i64,
+        sent: Sent,
+        summary: &mut ReplaySummary,
+        covered: &mut Covered,
+    ) {
+        self.in_flight.remove(&offset);
+        match sent {
+            Sent::Replayed(tenant) => {
+                summary.replayed += 1;
+                covered.add(&tenant);
+                self.ahead.insert(offset);
+            }
+            Sent::LeftToAnother => summary.skipped_being_replayed += 1,
+            Sent::Failed(cause) => {
+                if self.failed.as_ref().is_none_or(|(at, _)| offset < *at) {
+                    self.failed = Some((offset, cause));
+                }
+            }
+        }
+        // Everything below the lowest offset still in flight went through: no failure can
+        // come before it any more.
+        if self.failed.is_none() {
+            let floor = self.in_flight.first().copied().unwrap_or(i64::MAX);
+            self.ahead = self.ahead.split_off(&floor);
+        }
+    }
+
+    /// How many records after `offset` were republished.
+    fn sent_past(&self, offset: i64) -> u64 {
+        self.ahead.range(offset + 1..).count() as u64
+    }
+}
+
 /// Republishes dead letters to the deliveries topic as replays.
 struct Republisher {
     producer: crate::kafka::Producer,
@@ -937,7 +1126,11 @@ struct Republisher {
 
 impl Republisher {
     fn new(target: &ReplayTarget) -> Result<Republisher, ReplayError> {
+        // One record per produce request: a replay sends many records at once, and the broker
+        // refuses a batch whole, so a record it refuses (larger than the deliveries topic
+        // takes, say) would take the records batched with it down too, retry after retry.
         let producer = producer_config(&target.bootstrap, &target.client)
+            .set("batch.num.messages", "1")
             .create_with_context(crate::kafka::ProducerLog::default())
             .map_err(kafka_failure(target, "creating the producer".into()))?;
         Ok(Republisher {
@@ -994,6 +1187,12 @@ async fn record_audit(store: &dyn DeliveryStore, audit: &ReplayAudit) -> Result<
     Ok(())
 }
 
+/// `n` records republished after `offset`, in words.
+fn past_count(n: u64, offset: i64) -> String {
+    let records = if n == 1 { "record" } else { "records" };
+    format!("{n} {records} after offset {offset}")
+}
+
 /// The audit entry's account of what a replay covered: `from_offset..=last` when it reached
 /// the end of its range; else, given why it stopped and the first offset it did not cover,
 /// the offsets before that one, what was asked, and why it stopped.
@@ -1001,7 +1200,7 @@ fn scope(
     target: &ReplayTarget,
     request: &ReplayRequest,
     last: i64,
-    stopped: Option<(&StopCause, i64)>,
+    stopped: Option<(&StopCause, i64, u64)>,
 ) -> String {
     let from = request.from_offset;
     let to = request.to_offset;
@@ -1013,11 +1212,17 @@ fn scope(
                 scope.push_str(&format!(" (asked up to {to}; the partition ended there)"));
             }
         }
-        Some((cause, resume_from)) => {
+        Some((cause, resume_from, past)) => {
             if resume_from > from {
                 scope.push_str(&format!(" offsets {from}..={}", resume_from - 1));
             } else {
                 scope.push_str(" no offsets");
+            }
+            if past > 0 {
+                scope.push_str(&format!(
+                    " and {} (under way when it stopped)",
+                    past_count(past, resume_from)
+                ));
             }
             scope.push_str(&format!(
                 " (asked {from}..={to}; incomplete, stopped before offset {resume_from}: {})",
@@ -1065,6 +1270,7 @@ mod tests {
             to_offset: 1450,
             resume_from,
             replayed: u64::try_from(resume_from - 1200).unwrap(),
+            replayed_past: 0,
             dry_run: false,
             cause,
             audit_error,
@@ -1097,6 +1303,91 @@ mod tests {
         );
     }
 
+    /// A failure with records after it already republished (sent together with it) says how
+    /// many, and that resuming sends them again.
+    #[test]
+    fn an_incomplete_replay_counts_what_it_sent_past_its_stop() {
+        let cause = StopCause::Publish {
+            topic: "hookline.deliveries".into(),
+            deadline: Duration::from_secs(60),
+        };
+        let mut stop = stopped(cause, 1300, None);
+        stop.replayed += 3;
+        stop.replayed_past = 3;
+        let text = stop.to_string();
+        assert!(
+            text.contains(
+                "it republished 100 records from offsets 1200..=1299 and 3 records after offset \
+                 1300, under way when it stopped, as its audit entry records. Offsets \
+                 1300..=1450 were not all replayed; to replay them, run it again with \
+                 --partition 3 --from-offset 1300 --to-offset 1450 (what it republished after \
+                 offset 1300 is sent again, with the same webhook-id, unless its attempts are \
+                 still to come)"
+            ),
+            "{text}"
+        );
+    }
+
+    /// The window stops at the lowest failed offset, whichever send finished first, and
+    /// counts the records republished after it; with no failure it keeps no record of them
+    /// once everything below them went through.
+    #[test]
+    fn the_window_stops_at_the_lowest_failure_and_counts_what_went_past_it() {
+        let acme = Tenant::parse("acme").unwrap();
+        let claim_failed =
+            || Sent::Failed(StopCause::Claim(StoreError::Unavailable("down".into())));
+        let mut summary = ReplaySummary {
+            replay_id: "rpl_1".into(),
+            scanned: 0,
+            replayed: 0,
+            filtered: 0,
+            undecodable: 0,
+            skipped_being_replayed: 0,
+            last_offset: 0,
+        };
+        let mut covered = Covered::default();
+        let mut w = Window::new(WINDOW);
+        w.in_flight.extend(10..20);
+        assert!(!w.is_full(20));
+        assert!(w.is_full(10 + w.span), "the reader stays within the span");
+        for offset in [11, 15, 19] {
+            w.settle(
+                offset,
+                Sent::Replayed(acme.clone()),
+                &mut summary,
+                &mut covered,
+            );
+        }
+        w.settle(16, claim_failed(), &mut summary, &mut covered);
+        w.settle(13, claim_failed(), &mut summary, &mut covered);
+        w.settle(12, Sent::LeftToAnother, &mut summary, &mut covered);
+        for offset in [10, 14, 17, 18] {
+            w.settle(
+                offset,
+                Sent::Replayed(acme.clone()),
+                &mut summary,
+                &mut covered,
+            );
+        }
+        assert!(w.in_flight.is_empty());
+        assert_eq!(w.failed.as_ref().map(|(at, _)| *at), Some(13));
+        assert_eq!(w.sent_past(13), 5, "14, 15, 17, 18 and 19");
+        assert_eq!((summary.replayed, summary.skipped_being_replayed), (7, 1));
+
+        let mut w = Window::new(WINDOW);
+        w.in_flight.extend(0..4);
+        for offset in [3, 1, 0, 2] {
+            w.settle(
+                offset,
+                Sent::Replayed(acme.clone()),
+                &mut summary,
+                &mut covered,
+            );
+        }
+        assert!(w.failed.is_none());
+        assert!(w.ahead.is_empty(), "{:?}", w.ahead);
+    }
+
     /// Fails every claim after the first `0`.
     struct ClaimsFailAfter(std::sync::atomic::AtomicUsize);
 
@@ -1114,36 +1405,17 @@ mod tests {
 
     /// Dead letter `n`, of a tenant's `order.created` event.
     fn dead_letter(n: usize) -> DeliveryRecord {
-        use crate::id::{EventId, Tenant};
-        use crate::input::EventType;
-        use crate::record::{DeadInfo, UnixMillis, build_body};
-        let event_id = EventId::parse(format!("evt_{n}")).unwrap();
-        let event_type = EventType::parse("order.created").unwrap();
-        let at = UnixMillis(1_700_000_000_000);
-        let data = serde_json::value::to_raw_value(&serde_json::json!({"n": n})).unwrap();
-        let body = build_body(&event_id, &event_type, at, &data);
-        DeliveryRecord::new(
-            event_id,
-            EndpointId::generate(),
-            Tenant::parse("acme").unwrap(),
-            event_type,
-            at,
-            None,
-            body,
-        )
-        .for_dlq(DeadInfo {
-            reason: crate::retry_policy::DeadReason::HttpStatus,
-            last_status: Some(404),
-            last_error: Some(crate::attempt::ErrorClass::HttpStatus),
-            last_attempt_at: at,
-            signing_key_ids: vec![],
-        })
+        crate::storage::conformance::dead_letter(&format!("evt_{n}"), 0)
     }
 
-    /// A claim the attempt log does not answer stops a range at that offset before anything is
-    /// sent for it, with the records before it republished and audited.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_claim_the_attempt_log_does_not_answer_stops_the_range_there() {
+    /// A mock cluster whose DLQ (one partition) holds `letters` from offset 0, and a replay
+    /// target on it.
+    async fn mock_dlq(
+        letters: &[DeliveryRecord],
+    ) -> (
+        rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+        ReplayTarget,
+    ) {
         let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
         let target = ReplayTarget {
             bootstrap: mock.bootstrap_servers(),
@@ -1157,10 +1429,19 @@ mod tests {
             .create_with_context(crate::kafka::ProducerLog::default())
             .unwrap();
         let never = CancellationToken::new();
-        for n in 0..3 {
-            let out = outgoing(Arc::from(target.dlq.as_str()), &dead_letter(n));
+        for letter in letters {
+            let out = outgoing(Arc::from(target.dlq.as_str()), letter);
             assert!(produce_until_acked(&producer, out, &never).await);
         }
+        (mock, target)
+    }
+
+    /// A claim the attempt log does not answer stops a range at that offset before anything is
+    /// sent for it, with the records before it republished and audited.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_the_attempt_log_does_not_answer_stops_the_range_there() {
+        let letters: Vec<DeliveryRecord> = (0..3).map(dead_letter).collect();
+        let (_mock, target) = mock_dlq(&letters).await;
         let store = crate::storage::hooked::Hooked::new(
             ClaimsFailAfter(std::sync::atomic::AtomicUsize::new(1)),
             16,
@@ -1190,6 +1471,79 @@ mod tests {
             Some("acme"),
             "what it republished was one tenant's"
         );
+    }
+
+    /// A range longer than the window is sent whole, each delivery once: a delivery whose
+    /// dead letter is in the range twice (dead again after a replay) is claimed by one of its
+    /// two sends, which run at the same time, and left alone by the other.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_range_longer_than_the_window_sends_each_delivery_once() {
+        use rdkafka::consumer::BaseConsumer;
+        let count = SPAN_WINDOWS * WINDOW + WINDOW + 10;
+        let mut letters: Vec<DeliveryRecord> = (0..count).map(dead_letter).collect();
+        // The same delivery's dead letter again, next to the first.
+        letters.insert(8, letters[7].clone());
+        let (_mock, target) = mock_dlq(&letters).await;
+        // The store holds each delivery, dead (the in-memory store keeps claims only for the
+        // deliveries it holds).
+        let store = crate::storage::memory::MemoryStore::default();
+        for (_, letter) in letters.iter().enumerate().filter(|(i, _)| *i != 8) {
+            let mut row = crate::storage::conformance::attempt_row(
+                letter.event_id.as_str(),
+                letter.endpoint_id.as_str(),
+                1,
+            );
+            row.delivery_id = letter.delivery_id.clone();
+            row.outcome = crate::storage::AttemptOutcome::Dead {
+                reason: crate::retry_policy::DeadReason::HttpStatus,
+            };
+            store.record_attempt(&row).await.unwrap();
+        }
+        let request = ReplayRequest {
+            partition: 0,
+            from_offset: 0,
+            to_offset: i64::try_from(letters.len()).unwrap() - 1,
+            ..request()
+        };
+        let summary = check(&target, &request)
+            .await
+            .unwrap()
+            .run(&store, &mut |_, _| {})
+            .await
+            .expect("the whole range is replayed");
+        assert_eq!(
+            (
+                summary.scanned,
+                summary.replayed,
+                summary.skipped_being_replayed
+            ),
+            (count as u64 + 1, count as u64, 1),
+            "{summary:?}"
+        );
+        let consumer: BaseConsumer = client_config(&target.bootstrap, &target.client)
+            .set("group.id", "check")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[&target.deliveries]).unwrap();
+        let mut sent = BTreeSet::new();
+        let mut records = 0;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while records < count && Instant::now() < deadline {
+            if let Some(Ok(m)) =
+                tokio::task::block_in_place(|| consumer.poll(Duration::from_millis(100)))
+            {
+                let r = DeliveryRecord::from_message(&m).unwrap();
+                assert_eq!(r.replay_id.as_deref(), Some(summary.replay_id.as_str()));
+                sent.insert(r.delivery_id);
+                records += 1;
+            }
+        }
+        // Nothing more comes.
+        let extra = tokio::task::block_in_place(|| consumer.poll(Duration::from_millis(500)));
+        assert!(extra.is_none_or(|m| m.is_err()), "a record sent twice");
+        let expected: BTreeSet<_> = letters.iter().map(|l| l.delivery_id.clone()).collect();
+        assert_eq!((records, sent), (count, expected));
     }
 
     #[test]

@@ -12,6 +12,36 @@ use crate::attempt::ErrorClass;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
 use crate::retry_policy::DeadReason;
 
+/// The DLQ record of event `event` (an `order.created` of tenant acme) to an endpoint of its
+/// own, dead after a 404, its data padded with `padding` bytes: what replays read, for their
+/// tests and benchmarks.
+pub fn dead_letter(event: &str, padding: usize) -> crate::record::DeliveryRecord {
+    use crate::input::EventType;
+    use crate::record::{DeadInfo, DeliveryRecord, UnixMillis, build_body};
+    let event_id = EventId::parse(event).expect("valid event id");
+    let event_type = EventType::parse("order.created").expect("valid event type");
+    let at = UnixMillis(1_700_000_000_000);
+    let data = serde_json::json!({ "pad": "x".repeat(padding) });
+    let data = serde_json::value::to_raw_value(&data).expect("json");
+    let body = build_body(&event_id, &event_type, at, &data);
+    DeliveryRecord::new(
+        event_id,
+        EndpointId::generate(),
+        Tenant::parse("acme").expect("valid tenant"),
+        event_type,
+        at,
+        None,
+        body,
+    )
+    .for_dlq(DeadInfo {
+        reason: DeadReason::HttpStatus,
+        last_status: Some(404),
+        last_error: Some(ErrorClass::HttpStatus),
+        last_attempt_at: at,
+        signing_key_ids: vec![],
+    })
+}
+
 /// A first attempt of (`event`, `endpoint`) that succeeded with 200, started "now".
 pub fn attempt_row(event: &str, endpoint: &str, attempt: u32) -> AttemptRow {
     let event_id = EventId::parse(event).expect("valid event id");
