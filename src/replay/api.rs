@@ -7,10 +7,14 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
+
 use super::scan::{DlqScan, ScanEnd, unix_millis};
 use super::{
     KAFKA_TIMEOUT, POLL_WAIT, ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, Republisher,
-    check, dlq_consumer, kafka_failure, new_replay_id, read_error_is_final, record_audit,
+    SEND_STEP, WINDOW, check, dlq_consumer, kafka_failure, new_replay_id, read_error_is_final,
+    record_audit,
 };
 use crate::id::{DeliveryId, EndpointId, Tenant};
 use crate::record::DeliveryRecord;
@@ -538,16 +542,55 @@ pub async fn replay_endpoint(
         resume_since: None,
         stopped: None,
     };
+    // Up to `WINDOW` sends at once, as a replay of a range does; the earliest time a failed one
+    // leaves uncovered, and why.
+    let mut sends = FuturesUnordered::new();
+    let mut failed: Option<(SystemTime, String)> = None;
+    let settle = |(resume, sent): (SystemTime, EndpointSent),
+                  done: &mut EndpointReplay,
+                  failed: &mut Option<(SystemTime, String)>| match sent {
+        EndpointSent::Replayed => done.replayed += 1,
+        EndpointSent::Skipped => done.skipped += 1,
+        EndpointSent::Failed(why) => {
+            if failed.as_ref().is_none_or(|(at, _)| resume < *at) {
+                *failed = Some((resume, why));
+            }
+        }
+    };
     done.stopped = loop {
-        let msg = match scan.next() {
-            Ok(Ok(msg)) => msg,
+        while let Some(Some(sent)) = sends.next().now_or_never() {
+            settle(sent, &mut done, &mut failed);
+        }
+        if failed.is_some() {
+            break None;
+        }
+        if sends.len() >= WINDOW {
+            if let Some(sent) = sends.next().await {
+                settle(sent, &mut done, &mut failed);
+            }
+            continue;
+        }
+        let next = if sends.is_empty() {
+            scan.next().map(Some)
+        } else {
+            scan.next_within(Duration::ZERO)
+        };
+        let msg = match next {
+            Ok(Some(Ok(msg))) => msg,
+            // Nothing to read at once: give the sends a moment instead.
+            Ok(None) => {
+                if let Ok(Some(sent)) = tokio::time::timeout(SEND_STEP, sends.next()).await {
+                    settle(sent, &mut done, &mut failed);
+                }
+                continue;
+            }
             // What was republished before is audited all the same.
             Err(e) => {
                 done.resume_since = Some(millis_time(scan.resume_from()));
                 break Some(format!("reading the DLQ failed: {e}"));
             }
-            Ok(Err(ScanEnd::Done)) => break None,
-            Ok(Err(ScanEnd::TimedOut { resume_from })) => {
+            Ok(Some(Err(ScanEnd::Done))) => break None,
+            Ok(Some(Err(ScanEnd::TimedOut { resume_from }))) => {
                 done.resume_since = Some(millis_time(resume_from));
                 break Some(format!(
                     "read the DLQ for {}s, the longest one request may",
@@ -567,52 +610,27 @@ pub async fn replay_endpoint(
         }
         // Where a request resumes when this record is not covered: its own time, or earlier
         // where another partition has not been read as far.
-        let here = || {
+        let resume = {
             use rdkafka::Message;
             let at = msg.timestamp().to_millis().unwrap_or(i64::MAX);
             millis_time(scan.resume_from().min(at))
         };
-        let state = match store.delivery(&record.delivery_id).await {
-            Ok(Some(state)) => state,
-            Ok(None) => {
-                done.skipped += 1;
-                continue;
-            }
-            Err(e) => {
-                done.resume_since = Some(here());
-                break Some(format!("the attempt log did not answer: {e}"));
-            }
-        };
-        match claim(store, &state, &replay_id, false).await {
-            Ok(()) => {}
-            Err(ReplayError::Refused(_)) => {
-                done.skipped += 1;
-                continue;
-            }
-            // What was republished before this one stands: say only that the log stopped.
-            Err(ReplayError::Store(e)) => {
-                done.resume_since = Some(here());
-                break Some(format!("the attempt log did not answer: {e}"));
-            }
-            Err(e) => {
-                done.resume_since = Some(here());
-                break Some(e.to_string());
-            }
-        }
-        if !republisher
-            .republish(record, &replay_id, API_PUBLISH_DEADLINE, store)
-            .await
-        {
-            // Its claim is kept: the record may still arrive.
-            done.resume_since = Some(here());
-            break Some(format!(
-                "{} did not acknowledge a record within {}s",
-                target.deliveries,
-                API_PUBLISH_DEADLINE.as_secs()
-            ));
-        }
-        done.replayed += 1;
+        let (republisher, replay_id) = (&republisher, replay_id.as_str());
+        sends.push(async move {
+            let sent = send_for_endpoint(store, republisher, record, replay_id).await;
+            (resume, sent)
+        });
     };
+    // Let the sends under way finish: each was claimed, and may already be on its way.
+    while let Some(sent) = sends.next().await {
+        settle(sent, &mut done, &mut failed);
+    }
+    drop(sends);
+    // A failed send leaves its record uncovered: the request resumes no later than its time.
+    if let Some((resume, why)) = failed {
+        done.resume_since = Some(done.resume_since.map_or(resume, |r| r.min(resume)));
+        done.stopped = Some(why);
+    }
     telemetry::replayed(done.replayed);
     let time = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
     let mut scope = format!(
@@ -650,6 +668,53 @@ pub async fn replay_endpoint(
             source,
         })?;
     Ok(done)
+}
+
+/// How one dead letter's send in an endpoint's replay ended.
+enum EndpointSent {
+    /// Claimed and republished.
+    Replayed,
+    /// No longer in the attempt log, not dead any more, or another replay is sending it.
+    Skipped,
+    /// The attempt log or the deliveries topic failed: the replay stops, and says why.
+    Failed(String),
+}
+
+/// Republishes `record` for an endpoint's replay `replay_id` if its delivery is still dead and
+/// this replay claims it.
+async fn send_for_endpoint(
+    store: &dyn DeliveryStore,
+    republisher: &Republisher,
+    record: DeliveryRecord,
+    replay_id: &str,
+) -> EndpointSent {
+    let unanswered =
+        |e: StoreError| EndpointSent::Failed(format!("the attempt log did not answer: {e}"));
+    let state = match store.delivery(&record.delivery_id).await {
+        Ok(Some(state)) => state,
+        Ok(None) => return EndpointSent::Skipped,
+        Err(e) => return unanswered(e),
+    };
+    match claim(store, &state, replay_id, false).await {
+        Ok(()) => {}
+        Err(ReplayError::Refused(_)) => return EndpointSent::Skipped,
+        // What was republished before this one stands: say only that the log stopped.
+        Err(ReplayError::Store(e)) => return unanswered(e),
+        Err(e) => return EndpointSent::Failed(e.to_string()),
+    }
+    let topic = republisher.deliveries.clone();
+    if republisher
+        .republish(record, replay_id, API_PUBLISH_DEADLINE, store)
+        .await
+    {
+        EndpointSent::Replayed
+    } else {
+        // Its claim is kept: the record may still arrive.
+        EndpointSent::Failed(format!(
+            "{topic} did not acknowledge a record within {}s",
+            API_PUBLISH_DEADLINE.as_secs()
+        ))
+    }
 }
 
 /// A Kafka timestamp as a time.

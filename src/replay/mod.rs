@@ -1546,6 +1546,55 @@ mod tests {
         assert_eq!((records, sent), (count, expected));
     }
 
+    /// An endpoint's replay sends its dead letters side by side; when the attempt log stops
+    /// answering, the sends under way finish, what went out is counted and audited, and the
+    /// answer says where to resume and why.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_endpoint_replay_whose_claims_fail_says_where_to_resume() {
+        let endpoint = EndpointId::generate();
+        let letters: Vec<DeliveryRecord> = (0..3)
+            .map(|n| crate::storage::conformance::dead_letter_to(&format!("evt_{n}"), &endpoint, 0))
+            .collect();
+        let since = SystemTime::now() - Duration::from_secs(60);
+        let (_mock, target) = mock_dlq(&letters).await;
+        let store = crate::storage::hooked::Hooked::new(
+            ClaimsFailAfter(std::sync::atomic::AtomicUsize::new(1)),
+            16,
+        );
+        for letter in &letters {
+            let mut row = crate::storage::conformance::attempt_row(
+                letter.event_id.as_str(),
+                endpoint.as_str(),
+                1,
+            );
+            row.outcome = crate::storage::AttemptOutcome::Dead {
+                reason: crate::retry_policy::DeadReason::HttpStatus,
+            };
+            store.record_attempt(&row).await.unwrap();
+        }
+        let request = EndpointReplayRequest {
+            endpoint: endpoint.clone(),
+            tenant: Tenant::parse("acme").unwrap(),
+            since,
+            until: SystemTime::now() + Duration::from_secs(60),
+            actor: "acme's API token".into(),
+            reason: "receiver fixed".into(),
+        };
+        let done = replay_endpoint(&target, &store, &request).await.unwrap();
+        assert_eq!((done.replayed, done.skipped), (1, 0), "{done:?}");
+        let resume = done.resume_since.expect("it stopped short");
+        assert!(resume >= since && resume <= SystemTime::now(), "{done:?}");
+        assert!(
+            done.stopped
+                .as_deref()
+                .is_some_and(|s| s.starts_with("the attempt log did not answer")),
+            "{done:?}"
+        );
+        let audits = store.replays(None, 10).await.unwrap();
+        assert_eq!(audits.len(), 1, "{audits:?}");
+        assert_eq!(audits[0].count, 1, "{audits:?}");
+    }
+
     #[test]
     fn a_range_names_its_tenant_only_when_it_covered_one_alone() {
         let (acme, globex) = (

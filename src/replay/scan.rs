@@ -145,16 +145,30 @@ impl DlqScan {
     /// The next record in range, in no particular order across partitions; `Err(ScanEnd)` when
     /// there is none left, or no time.
     pub fn next(&mut self) -> Result<Result<OwnedMessage, ScanEnd>, ReplayError> {
+        loop {
+            if let Some(next) = self.next_within(POLL_WAIT)? {
+                return Ok(next);
+            }
+        }
+    }
+
+    /// [`next`](Self::next), waiting at most `longest` for the brokers to hand a record over:
+    /// `None` when none came in that time.
+    pub fn next_within(
+        &mut self,
+        longest: Duration,
+    ) -> Result<Option<Result<OwnedMessage, ScanEnd>>, ReplayError> {
         let reading = || format!("reading {} by time", self.target.dlq);
         while !self.left.is_empty() {
             let wait = self.deadline.saturating_duration_since(Instant::now());
             if wait.is_zero() {
-                return Ok(Err(ScanEnd::TimedOut {
+                return Ok(Some(Err(ScanEnd::TimedOut {
                     resume_from: self.resume_from(),
-                }));
+                })));
             }
             let consumer = &self.consumer;
-            let msg = match tokio::task::block_in_place(|| consumer.poll(wait.min(POLL_WAIT))) {
+            let wait = wait.min(POLL_WAIT).min(longest);
+            let msg = match tokio::task::block_in_place(|| consumer.poll(wait)) {
                 Some(Ok(m)) => m.detach(),
                 Some(Err(KafkaError::PartitionEOF(p))) => {
                     if matches!(self.left.get(&p), Some(Left::Scan { .. })) {
@@ -165,7 +179,8 @@ impl DlqScan {
                 Some(Err(source)) if read_error_is_final(&source) => {
                     return Err(kafka_failure(&self.target, reading())(source));
                 }
-                _ => continue,
+                Some(Err(_)) => continue,
+                None => return Ok(None),
             };
             let (p, at) = (msg.partition(), msg.timestamp().to_millis());
             let in_range = at.is_some_and(|t| (self.from..=self.until).contains(&t));
@@ -204,9 +219,9 @@ impl DlqScan {
                 if let Some(t) = at {
                     self.reached.insert(p, t);
                 }
-                return Ok(Ok(msg));
+                return Ok(Some(Ok(msg)));
             }
         }
-        Ok(Err(ScanEnd::Done))
+        Ok(Some(Err(ScanEnd::Done)))
     }
 }

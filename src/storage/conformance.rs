@@ -16,6 +16,15 @@ use crate::retry_policy::DeadReason;
 /// own, dead after a 404, its data padded with `padding` bytes: what replays read, for their
 /// tests and benchmarks.
 pub fn dead_letter(event: &str, padding: usize) -> crate::record::DeliveryRecord {
+    dead_letter_to(event, &EndpointId::generate(), padding)
+}
+
+/// [`dead_letter`], to `endpoint`.
+pub fn dead_letter_to(
+    event: &str,
+    endpoint: &EndpointId,
+    padding: usize,
+) -> crate::record::DeliveryRecord {
     use crate::input::EventType;
     use crate::record::{DeadInfo, DeliveryRecord, UnixMillis, build_body};
     let event_id = EventId::parse(event).expect("valid event id");
@@ -26,7 +35,7 @@ pub fn dead_letter(event: &str, padding: usize) -> crate::record::DeliveryRecord
     let body = build_body(&event_id, &event_type, at, &data);
     DeliveryRecord::new(
         event_id,
-        EndpointId::generate(),
+        endpoint.clone(),
         Tenant::parse("acme").expect("valid tenant"),
         event_type,
         at,
