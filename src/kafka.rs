@@ -341,6 +341,24 @@ pub fn not_a_broker_listener(bootstrap: &str) -> String {
     )
 }
 
+/// Whether a produce failed with an error that trying again meets the same way: the record is
+/// larger than the topic or the client takes, or malformed, or the topic refuses this client
+/// or this record by policy. Other failures (a broker away, a leader moving, a timeout) pass.
+pub fn refused_for_good(e: &rdkafka::error::KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::MessageBatchTooLarge
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::PolicyViolation
+        )
+    )
+}
+
 /// Whether librdkafka's `e` says the address answered but is no broker's client listener.
 pub fn is_not_a_broker_listener(e: &rdkafka::error::KafkaError) -> bool {
     e.rdkafka_error_code() == Some(RDKafkaErrorCode::UnsupportedFeature)
@@ -561,6 +579,29 @@ mod tests {
     use rdkafka::Message;
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::producer::FutureRecord;
+
+    /// A record too large or malformed, or a topic that refuses this client, is refused for
+    /// good; a broker away or slow is not.
+    #[test]
+    fn only_refusals_that_repeat_are_for_good() {
+        use rdkafka::error::KafkaError;
+        let produce = |code| KafkaError::MessageProduction(code);
+        for code in [
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::InvalidRecord,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        ] {
+            assert!(refused_for_good(&produce(code)), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::NotLeaderForPartition,
+            RDKafkaErrorCode::QueueFull,
+        ] {
+            assert!(!refused_for_good(&produce(code)), "{code:?}");
+        }
+    }
 
     #[test]
     fn hot_stages_batch_their_fetches_and_the_delay_stage_answers_at_once() {

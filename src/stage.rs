@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::FutureRecord;
 use rdkafka::statistics::Statistics;
@@ -567,6 +568,31 @@ pub async fn produce_until_acked(
     record: Outgoing,
     shutdown: &CancellationToken,
 ) -> bool {
+    matches!(
+        produce_unless_refused(producer, record, shutdown, |_| false).await,
+        Produced::Acked
+    )
+}
+
+/// How [`produce_unless_refused`] ended.
+#[derive(Debug)]
+pub enum Produced {
+    /// The broker acknowledged the record.
+    Acked,
+    /// The record was refused with an error that says trying again is refused the same way.
+    Refused(KafkaError),
+    /// `shutdown` fired first.
+    Stopped,
+}
+
+/// [`produce_until_acked`], except that an error `for_good` says will not pass ends it at once
+/// (see [`crate::kafka::refused_for_good`]).
+pub async fn produce_unless_refused(
+    producer: &crate::kafka::Producer,
+    record: Outgoing,
+    shutdown: &CancellationToken,
+    for_good: impl Fn(&KafkaError) -> bool,
+) -> Produced {
     let Outgoing {
         topic,
         key,
@@ -585,18 +611,21 @@ pub async fn produce_until_acked(
         let result = tokio::select! {
             biased;
             r = send => r,
-            () = shutdown.cancelled() => return false,
+            () = shutdown.cancelled() => return Produced::Stopped,
         };
         match result {
-            Ok(_) => return true,
+            Ok(_) => return Produced::Acked,
             Err((e, mut returned)) => {
+                crate::telemetry::produce_failed(&topic, &e);
+                if for_good(&e) {
+                    return Produced::Refused(e);
+                }
                 // Both of rdkafka's failure paths (enqueue and delivery report) return the
                 // headers with the message.
                 headers = returned.detach_headers();
-                crate::telemetry::produce_failed(&topic, &e);
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
-                    () = shutdown.cancelled() => return false,
+                    () = shutdown.cancelled() => return Produced::Stopped,
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }

@@ -295,8 +295,9 @@ where
 }
 
 /// A failed replay as the API answers it: 410 for a dead letter past the DLQ's retention, 422
-/// for a DLQ range that is not there, 503 for everything else (Kafka slow or away, a replay
-/// stopped short, the audit entry not written), with what happened.
+/// for a DLQ range that is not there, 500 for a record the deliveries topic refuses for good,
+/// 503 for everything else (Kafka slow or away, a replay stopped short, the audit entry not
+/// written), with what happened.
 fn replay_failed(e: ReplayError) -> ApiError {
     match e {
         gone @ (ReplayError::DeadLetterGone { .. }
@@ -330,6 +331,8 @@ fn replay_failed(e: ReplayError) -> ApiError {
                  {low}..{high} (exclusive end)"
             ),
         ),
+        // Not an outage: asking again is refused the same way.
+        refused @ ReplayError::RefusedByTopic { .. } => ApiError::Internal(refused.to_string()),
         other => ApiError::Unavailable(other.to_string()),
     }
 }

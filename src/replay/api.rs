@@ -12,9 +12,9 @@ use futures::stream::{FuturesUnordered, StreamExt};
 
 use super::scan::{DlqScan, ScanEnd, unix_millis};
 use super::{
-    KAFKA_TIMEOUT, POLL_WAIT, ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, Republisher,
-    SEND_STEP, WINDOW, check, dlq_consumer, kafka_failure, new_replay_id, read_error_is_final,
-    record_audit,
+    KAFKA_TIMEOUT, POLL_WAIT, ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, Republished,
+    Republisher, SEND_STEP, WINDOW, check, dlq_consumer, kafka_failure, new_replay_id,
+    read_error_is_final, record_audit,
 };
 use crate::id::{DeliveryId, EndpointId, Tenant};
 use crate::record::DeliveryRecord;
@@ -385,14 +385,23 @@ async fn send_again(
     let republisher = Republisher::new(target)?;
     let replay_id = new_replay_id();
     claim(store, delivery, &replay_id, true).await?;
-    if !republisher
+    match republisher
         .republish(record, &replay_id, API_PUBLISH_DEADLINE, store)
         .await
     {
-        return Err(ReplayError::NotAcknowledged {
-            topic: target.deliveries.clone(),
-            deadline: API_PUBLISH_DEADLINE,
-        });
+        Republished::Yes => {}
+        Republished::Refused(source) => {
+            return Err(ReplayError::RefusedByTopic {
+                topic: target.deliveries.clone(),
+                source: Box::new(source),
+            });
+        }
+        Republished::NotAcknowledged => {
+            return Err(ReplayError::NotAcknowledged {
+                topic: target.deliveries.clone(),
+                deadline: API_PUBLISH_DEADLINE,
+            });
+        }
     }
     telemetry::replayed(1);
     let Source { topic, at } = from;
@@ -703,17 +712,19 @@ async fn send_for_endpoint(
         Err(e) => return EndpointSent::Failed(e.to_string()),
     }
     let topic = republisher.deliveries.clone();
-    if republisher
+    match republisher
         .republish(record, replay_id, API_PUBLISH_DEADLINE, store)
         .await
     {
-        EndpointSent::Replayed
-    } else {
+        Republished::Yes => EndpointSent::Replayed,
+        Republished::Refused(e) => {
+            EndpointSent::Failed(format!("{topic} refused a record for good: {e}"))
+        }
         // Its claim is kept: the record may still arrive.
-        EndpointSent::Failed(format!(
+        Republished::NotAcknowledged => EndpointSent::Failed(format!(
             "{topic} did not acknowledge a record within {}s",
             API_PUBLISH_DEADLINE.as_secs()
-        ))
+        )),
     }
 }
 

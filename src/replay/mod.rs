@@ -22,9 +22,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::deliver::outgoing;
 use crate::id::{EndpointId, Tenant};
-use crate::kafka::{client_config, producer_config};
+use crate::kafka::{client_config, producer_config, refused_for_good};
 use crate::record::DeliveryRecord;
-use crate::stage::produce_until_acked;
+use crate::stage::{Produced, produce_unless_refused};
 use crate::storage::{DeliveryStore, ReplayAudit, ReplayMark, StoreError};
 use crate::telemetry;
 
@@ -267,6 +267,18 @@ pub enum ReplayError {
         /// How long it waited.
         limit: Duration,
     },
+    /// The deliveries topic refused a republished record for good (larger than it takes, say);
+    /// its claim holds the delivery until [`CLAIM_LIMIT`].
+    #[error(
+        "{topic} refused the replayed record ({source}), and would refuse it again: nothing \
+         was written; the error names what the topic or the brokers do not take"
+    )]
+    RefusedByTopic {
+        /// The deliveries topic.
+        topic: String,
+        /// librdkafka's error (boxed: it is large, and this is not a hot path).
+        source: Box<KafkaError>,
+    },
     /// The deliveries topic did not acknowledge a republished record in time.
     #[error(
         "{topic} did not acknowledge the replayed record within {}s: it may still arrive; the \
@@ -355,6 +367,14 @@ pub enum StopCause {
         /// How long the record was given.
         deadline: Duration,
     },
+    /// The deliveries topic refused the record at `resume_from` for good (larger than it
+    /// takes, say); nothing was written for it.
+    Refused {
+        /// The deliveries topic.
+        topic: String,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
 }
 
 impl StopCause {
@@ -375,6 +395,10 @@ impl StopCause {
             StopCause::Publish { topic, deadline } => format!(
                 "{topic} did not acknowledge offset {at} within {}",
                 humantime::format_duration(*deadline)
+            ),
+            StopCause::Refused { topic, source } => format!(
+                "{topic} refused offset {at} ({source}), and would refuse it again; nothing was \
+                 written for it"
             ),
         }
     }
@@ -464,7 +488,7 @@ impl fmt::Display for Incomplete {
 impl std::error::Error for Incomplete {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.cause {
-            StopCause::Read { source, .. } => Some(source),
+            StopCause::Read { source, .. } | StopCause::Refused { source, .. } => Some(source),
             StopCause::Claim(source) => Some(source),
             _ => self
                 .audit_error
@@ -1032,16 +1056,14 @@ async fn send(
         Err(e) => return Sent::Failed(StopCause::Claim(e)),
     }
     let tenant = record.tenant.clone();
-    if republisher
+    let topic = republisher.deliveries.to_string();
+    match republisher
         .republish(record, replay_id, deadline, store)
         .await
     {
-        Sent::Replayed(tenant)
-    } else {
-        Sent::Failed(StopCause::Publish {
-            topic: republisher.deliveries.to_string(),
-            deadline,
-        })
+        Republished::Yes => Sent::Replayed(tenant),
+        Republished::Refused(source) => Sent::Failed(StopCause::Refused { topic, source }),
+        Republished::NotAcknowledged => Sent::Failed(StopCause::Publish { topic, deadline }),
     }
 }
 
@@ -1152,16 +1174,18 @@ impl Republisher {
         replay_id: &str,
         deadline: Duration,
         store: &dyn DeliveryStore,
-    ) -> bool {
+    ) -> Republished {
         let delivery_id = record.delivery_id.clone();
         let out = outgoing(self.deliveries.clone(), &record.for_replay(replay_id));
         let sent = tokio::time::timeout(
             deadline,
-            produce_until_acked(&self.producer, out, &self.never),
+            produce_unless_refused(&self.producer, out, &self.never, refused_for_good),
         )
         .await;
-        if !matches!(sent, Ok(true)) {
-            return false;
+        match sent {
+            Ok(Produced::Acked) => {}
+            Ok(Produced::Refused(e)) => return Republished::Refused(e),
+            Ok(Produced::Stopped) | Err(_) => return Republished::NotAcknowledged,
         }
         let mark = ReplayMark {
             delivery_id,
@@ -1174,8 +1198,19 @@ impl Republisher {
                 "replayed, but the store did not take the replay's mark: a second replay before \
                  this one's attempt is logged would send the delivery again");
         }
-        true
+        Republished::Yes
     }
+}
+
+/// Whether [`Republisher::republish`] got its record into the deliveries topic.
+enum Republished {
+    /// Acknowledged (and noted).
+    Yes,
+    /// Refused with an error that sending it again meets the same way (larger than the topic
+    /// takes, say); nothing was written.
+    Refused(KafkaError),
+    /// Not acknowledged in time: it may still be written.
+    NotAcknowledged,
 }
 
 /// Records a replay's audit entry in `store`, and logs it once recorded.
@@ -1239,6 +1274,7 @@ fn scope(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stage::produce_until_acked;
 
     fn request() -> ReplayRequest {
         ReplayRequest {
