@@ -851,9 +851,13 @@ impl Checked<'_> {
                 break None;
             }
             if window.is_full(next) {
+                // Waiting for a send is not waiting for the DLQ: it does not count towards the
+                // idle limit.
+                let waiting = Instant::now();
                 if let Some((offset, sent)) = sends.next().await {
                     window.settle(offset, sent, &mut summary, &mut covered);
                 }
+                heard_at += waiting.elapsed();
                 continue;
             }
             let busy = !sends.is_empty();
