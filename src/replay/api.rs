@@ -711,7 +711,7 @@ async fn send_for_endpoint(
         Err(ReplayError::Store(e)) => return unanswered(e),
         Err(e) => return EndpointSent::Failed(e.to_string()),
     }
-    let topic = republisher.deliveries.clone();
+    let topic = &republisher.deliveries;
     match republisher
         .republish(record, replay_id, API_PUBLISH_DEADLINE, store)
         .await

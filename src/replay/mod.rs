@@ -1060,14 +1060,20 @@ async fn send(
         Err(e) => return Sent::Failed(StopCause::Claim(e)),
     }
     let tenant = record.tenant.clone();
-    let topic = republisher.deliveries.to_string();
+    let topic = || republisher.deliveries.to_string();
     match republisher
         .republish(record, replay_id, deadline, store)
         .await
     {
         Republished::Yes => Sent::Replayed(tenant),
-        Republished::Refused(source) => Sent::Failed(StopCause::Refused { topic, source }),
-        Republished::NotAcknowledged => Sent::Failed(StopCause::Publish { topic, deadline }),
+        Republished::Refused(source) => Sent::Failed(StopCause::Refused {
+            topic: topic(),
+            source,
+        }),
+        Republished::NotAcknowledged => Sent::Failed(StopCause::Publish {
+            topic: topic(),
+            deadline,
+        }),
     }
 }
 
