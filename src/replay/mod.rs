@@ -1534,15 +1534,7 @@ mod tests {
         // deliveries it holds).
         let store = crate::storage::memory::MemoryStore::default();
         for (_, letter) in letters.iter().enumerate().filter(|(i, _)| *i != 8) {
-            let mut row = crate::storage::conformance::attempt_row(
-                letter.event_id.as_str(),
-                letter.endpoint_id.as_str(),
-                1,
-            );
-            row.delivery_id = letter.delivery_id.clone();
-            row.outcome = crate::storage::AttemptOutcome::Dead {
-                reason: crate::retry_policy::DeadReason::HttpStatus,
-            };
+            let row = crate::storage::conformance::dead_attempt(letter);
             store.record_attempt(&row).await.unwrap();
         }
         let request = ReplayRequest {
@@ -1608,14 +1600,7 @@ mod tests {
             16,
         );
         for letter in &letters {
-            let mut row = crate::storage::conformance::attempt_row(
-                letter.event_id.as_str(),
-                endpoint.as_str(),
-                1,
-            );
-            row.outcome = crate::storage::AttemptOutcome::Dead {
-                reason: crate::retry_policy::DeadReason::HttpStatus,
-            };
+            let row = crate::storage::conformance::dead_attempt(letter);
             store.record_attempt(&row).await.unwrap();
         }
         let request = EndpointReplayRequest {

@@ -51,6 +51,17 @@ pub fn dead_letter_to(
     })
 }
 
+/// The attempt that dead-lettered `record`'s delivery (a 404), as the attempt log holds it.
+pub fn dead_attempt(record: &crate::record::DeliveryRecord) -> AttemptRow {
+    let mut row = attempt_row(record.event_id.as_str(), record.endpoint_id.as_str(), 1);
+    row.delivery_id = record.delivery_id.clone();
+    row.status = Some(404);
+    row.outcome = AttemptOutcome::Dead {
+        reason: DeadReason::HttpStatus,
+    };
+    row
+}
+
 /// A first attempt of (`event`, `endpoint`) that succeeded with 200, started "now".
 pub fn attempt_row(event: &str, endpoint: &str, attempt: u32) -> AttemptRow {
     let event_id = EventId::parse(event).expect("valid event id");

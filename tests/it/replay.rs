@@ -12,10 +12,9 @@ use hookline::record::DeliveryRecord;
 use hookline::replay::{
     Incomplete, Progress, ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, StopCause, check,
 };
-use hookline::retry_policy::DeadReason;
-use hookline::storage::conformance::{self, attempt_row};
+use hookline::storage::conformance;
 use hookline::storage::memory::MemoryStore;
-use hookline::storage::{AttemptOutcome, AttemptRow, DeliveryStore, ReplayMark};
+use hookline::storage::{AttemptRow, DeliveryStore, ReplayMark};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer};
@@ -655,12 +654,7 @@ async fn a_range_replay_leaves_deliveries_another_replay_is_sending() {
 
 /// An attempt of `record`'s delivery (of replay `replay`, if given) that dead-lettered it.
 fn dead_row(record: &DeliveryRecord, replay: Option<&str>) -> AttemptRow {
-    let mut row = attempt_row(record.event_id.as_str(), record.endpoint_id.as_str(), 1);
-    row.delivery_id = record.delivery_id.clone();
+    let mut row = conformance::dead_attempt(record);
     row.replay_id = replay.map(str::to_owned);
-    row.status = Some(404);
-    row.outcome = AttemptOutcome::Dead {
-        reason: DeadReason::HttpStatus,
-    };
     row
 }
