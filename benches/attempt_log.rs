@@ -10,7 +10,10 @@
 //! from `tests/services up`), each claimed in the store, republished to a fresh deliveries topic
 //! and noted, with the in-memory store and with this CQL store, one record at a time and
 //! [`WINDOW`] at once (`HOOKLINE_BENCH_REPLAY_WINDOW` sets another); `HOOKLINE_BENCH_REPLAY_RECORDS`
-//! (default 2000) dead letters per replay.
+//! (default 2000) dead letters per replay. Then an endpoint's replay through the admin API
+//! (`POST /v1/endpoints/{id}/replay`: the DLQ scanned by time, each delivery's state read and
+//! claimed, [`WINDOW`] at once) of as many dead letters, with each store, against the range
+//! replay's rate at the same window.
 //!
 //! `cargo bench --bench attempt_log`; `HOOKLINE_BENCH_SECS` (default 10) sets each run's length,
 //! `HOOKLINE_BENCH_MAX_WRITES` the store's `max_concurrent_writes` (default: the config default),
@@ -33,14 +36,18 @@ use std::time::{Duration, Instant, SystemTime};
 
 use hookline::attempt::ErrorClass;
 use hookline::deliver::outgoing;
+use hookline::id::{EndpointId, Tenant};
 use hookline::kafka::{
     Producer, ProducerLog, TopicSpec, client_config, ensure_topics, producer_config,
 };
 use hookline::migrate::{MIGRATIONS, migrate};
-use hookline::replay::{ReplayRequest, ReplayTarget, WINDOW, check};
+use hookline::record::DeliveryRecord;
+use hookline::replay::{
+    EndpointReplayRequest, ReplayRequest, ReplayTarget, WINDOW, check, replay_endpoint,
+};
 use hookline::retry_policy::DeadReason;
 use hookline::stage::produce_until_acked;
-use hookline::storage::conformance::{attempt_row, dead_letter};
+use hookline::storage::conformance::{attempt_row, dead_attempt, dead_letter, dead_letter_to};
 use hookline::storage::memory::MemoryStore;
 use hookline::storage::scylla::{CqlPassword, ScyllaConfig, ScyllaStore, connect_session};
 use hookline::storage::{AttemptOutcome, AttemptRow, DeliveryStore, ReplayMark};
@@ -227,7 +234,6 @@ async fn range_replays(cql: &ScyllaStore, count: usize, window: usize) {
     let producer: Producer = producer_config(&kafka, &Default::default())
         .create_with_context(ProducerLog::default())
         .expect("producer");
-    let never = CancellationToken::new();
     let memory = MemoryStore::default();
     let runs: [(&str, &dyn DeliveryStore, usize); 4] = [
         ("memory", &memory, 1),
@@ -238,18 +244,8 @@ async fn range_replays(cql: &ScyllaStore, count: usize, window: usize) {
     let mut rates = Vec::new();
     let mut from = 0i64;
     for (run, (store_name, store, at_once)) in runs.into_iter().enumerate() {
-        let dlq: Arc<str> = Arc::from(target.dlq.as_str());
-        let writes = (0..count).map(|n| {
-            let letter = dead_letter(&format!("evt_r{run}_{n}"), 1000);
-            let out = outgoing(dlq.clone(), &letter);
-            let (producer, never) = (&producer, &never);
-            async move { produce_until_acked(producer, out, never).await }
-        });
-        let written = futures::future::join_all(writes).await;
-        assert!(
-            written.iter().all(|acked| *acked),
-            "the DLQ took every dead letter"
-        );
+        let letters = (0..count).map(|n| dead_letter(&format!("evt_r{run}_{n}"), 1000));
+        write_dead_letters(&producer, &target.dlq, letters.collect()).await;
         let request = ReplayRequest {
             partition: 0,
             from_offset: from,
@@ -284,6 +280,51 @@ async fn range_replays(cql: &ScyllaStore, count: usize, window: usize) {
         rates[1] / rates[0],
         rates[3] / rates[2]
     );
+    // An endpoint's replay through the admin API: each run's dead letters are another
+    // endpoint's, written after the runs above, and the scan reads from the run's own start.
+    let endpoint_runs: [(&str, &dyn DeliveryStore, f64); 2] =
+        [("memory", &memory, rates[1]), ("cql", cql, rates[3])];
+    for (run, (store_name, store, range_rate)) in endpoint_runs.into_iter().enumerate() {
+        let endpoint = EndpointId::generate();
+        let letters: Vec<_> = (0..count)
+            .map(|n| dead_letter_to(&format!("evt_e{run}_{n}"), &endpoint, 1000))
+            .collect();
+        // The attempt log holds each as dead, as the delivery stage left it.
+        for letter in &letters {
+            store
+                .record_attempt(&dead_attempt(letter))
+                .await
+                .expect("the attempt log takes the dead attempt");
+        }
+        // Broker timestamps are in milliseconds: start the scan a little before the writes.
+        let since = SystemTime::now() - Duration::from_millis(5);
+        write_dead_letters(&producer, &target.dlq, letters).await;
+        let request = EndpointReplayRequest {
+            endpoint,
+            tenant: Tenant::parse("acme").expect("tenant"),
+            since,
+            until: SystemTime::now() + Duration::from_secs(1),
+            actor: "bench".into(),
+            reason: "bench".into(),
+        };
+        let began = Instant::now();
+        let done = replay_endpoint(&target, store, &request)
+            .await
+            .expect("the endpoint's replay runs");
+        let took = began.elapsed();
+        assert_eq!(
+            (done.replayed, done.stopped.as_deref()),
+            (count as u64, None),
+            "{done:?}"
+        );
+        let rate = count as f64 / took.as_secs_f64();
+        println!(
+            "endpoint replay, {store_name:<6} store, {WINDOW:>3} at once: {count} dead letters in \
+             {:>6.2}s = {rate:>7.0} records/s ({:.2}x the range replay's rate)",
+            took.as_secs_f64(),
+            rate / range_rate
+        );
+    }
     let admin: AdminClient<DefaultClientContext> = client_config(&kafka, &Default::default())
         .create()
         .expect("admin client");
@@ -291,6 +332,22 @@ async fn range_replays(cql: &ScyllaStore, count: usize, window: usize) {
     if let Err(e) = admin.delete_topics(&names, &AdminOptions::new()).await {
         eprintln!("could not delete the replay topics: {e}");
     }
+}
+
+/// Appends `letters` to the DLQ `dlq`, all at once, and waits until the broker has every one.
+async fn write_dead_letters(producer: &Producer, dlq: &str, letters: Vec<DeliveryRecord>) {
+    let dlq: Arc<str> = Arc::from(dlq);
+    let never = CancellationToken::new();
+    let writes = letters.iter().map(|letter| {
+        let out = outgoing(dlq.clone(), letter);
+        let never = &never;
+        async move { produce_until_acked(producer, out, never).await }
+    });
+    let written = futures::future::join_all(writes).await;
+    assert!(
+        written.iter().all(|acked| *acked),
+        "the DLQ took every dead letter"
+    );
 }
 
 fn main() {
