@@ -150,8 +150,11 @@ async fn in_flight(
     store: &dyn DeliveryStore,
     id: &DeliveryId,
 ) -> Result<(Option<Standing>, Option<ReplayMark>), StoreError> {
-    let mark = store.replay_mark(id).await?;
-    let claim = store.replay_claim(id).await?;
+    // Read side by side: one store round trip instead of two. Whichever order the two reads
+    // reach the store in, a replay seen half-way (claimed and not yet marked, or marked and
+    // its claim read before it was made) stands as busy, and a claim made after the claim
+    // read makes this replay's own claim, which is conditional on what was read, fail.
+    let (mark, claim) = tokio::try_join!(store.replay_mark(id), store.replay_claim(id))?;
     if mark.is_none() && claim.is_none() {
         return Ok((None, None));
     }
