@@ -616,10 +616,12 @@ pub async fn produce_unless_refused(
         match result {
             Ok(_) => return Produced::Acked,
             Err((e, mut returned)) => {
-                crate::telemetry::produce_failed(&topic, &e);
+                // Not produced again: the caller reports the refusal, and the retry count and
+                // its "retrying" log stay with the records that are retried.
                 if for_good(&e) {
                     return Produced::Refused(e);
                 }
+                crate::telemetry::produce_failed(&topic, &e);
                 // Both of rdkafka's failure paths (enqueue and delivery report) return the
                 // headers with the message.
                 headers = returned.detach_headers();
