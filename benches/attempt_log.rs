@@ -13,7 +13,7 @@
 //! (default 2000) dead letters per replay. Then an endpoint's replay through the admin API
 //! (`POST /v1/endpoints/{id}/replay`: the DLQ scanned by time, each delivery's state read and
 //! claimed, [`WINDOW`] at once) of as many dead letters, with each store, against the range
-//! replay's rate at the same window.
+//! replay's rate with `HOOKLINE_BENCH_REPLAY_WINDOW` (the same window unless that is set).
 //!
 //! `cargo bench --bench attempt_log`; `HOOKLINE_BENCH_SECS` (default 10) sets each run's length,
 //! `HOOKLINE_BENCH_MAX_WRITES` the store's `max_concurrent_writes` (default: the config default),
@@ -320,7 +320,7 @@ async fn range_replays(cql: &ScyllaStore, count: usize, window: usize) {
         let rate = count as f64 / took.as_secs_f64();
         println!(
             "endpoint replay, {store_name:<6} store, {WINDOW:>3} at once: {count} dead letters in \
-             {:>6.2}s = {rate:>7.0} records/s ({:.2}x the range replay's rate)",
+             {:>6.2}s = {rate:>7.0} records/s ({:.2}x the range replay's, {window} at once)",
             took.as_secs_f64(),
             rate / range_rate
         );
