@@ -8,9 +8,14 @@
 //!    its Prometheus recorder, as `hookline run` has it, so every metric costs what it does
 //!    there), the endpoints are created, and one event goes through so every consumer group is
 //!    assigned;
-//! 3. throughput: events are produced as fast as the producer takes them; sustained
+//! 3. throughput: events are produced as fast as hookline delivers them, never more than
+//!    `HOOKLINE_BENCH_AHEAD` (2,000) events ahead of the deliveries, so every stage (load
+//!    generator, fan-out, delivery) works at once, as under a steady load; sustained
 //!    deliveries/s is the receiver's rate between 10% and 90% of the deliveries (no warm-up, no
-//!    tail);
+//!    tail). With `HOOKLINE_BENCH_AHEAD=0` every event is produced at once, as before
+//!    2026-12-06: the fan-out then finishes its backlog within the first seconds and most of the
+//!    window is the delivery stage alone draining the deliveries topic, a rate no steady load
+//!    keeps up with (see the README's Benchmarks);
 //! 4. latency: events paced at half the sustained rate; event-to-delivery latency is the
 //!    receiver's arrival time minus the time the bench handed the event to its producer. A 5 s
 //!    warm-up at the same pace goes first and is not measured, since the throughput run does not
@@ -95,7 +100,10 @@
 //! `HOOKLINE_BENCH_TIMELINE` (a file to write each endpoint's delivered count to every 100 ms,
 //! from the throughput run to the end: for seeing whether the stages serve their partitions side
 //! by side or one after another),
-//! `HOOKLINE_BENCH_WORKERS` (the tokio runtime's worker threads; one per core by default).
+//! `HOOKLINE_BENCH_WORKERS` (the tokio runtime's worker threads; one per core by default),
+//! `HOOKLINE_BENCH_RECEIVER_THREADS` (0: the receiver shares that runtime with hookline; more:
+//! it runs on a runtime of its own with that many threads, as a receiver in another process
+//! would), `HOOKLINE_BENCH_AHEAD` (above).
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
@@ -158,6 +166,13 @@ struct Settings {
     bracket: bool,
     recovery_deadline: Duration,
     phase_deadline: Duration,
+    /// `HOOKLINE_BENCH_RECEIVER_THREADS`: 0 (the default) runs the receiver on the bench's
+    /// runtime beside hookline; more gives it a runtime of its own with that many threads, as a
+    /// receiver in another process would have.
+    receiver_threads: usize,
+    /// `HOOKLINE_BENCH_AHEAD`: how many events the throughput run's load generator may be
+    /// ahead of the deliveries (see [`Pace::Ahead`]); 0 produces them all at once.
+    ahead: u64,
 }
 
 impl Settings {
@@ -205,6 +220,8 @@ impl Settings {
             bracket: env("HOOKLINE_BENCH_BRACKET", 1u8) != 0,
             recovery_deadline: Duration::from_secs(env("HOOKLINE_BENCH_RECOVERY_S", 300u64)),
             phase_deadline: Duration::from_secs(env("HOOKLINE_BENCH_PHASE_S", 60u64)),
+            receiver_threads: env("HOOKLINE_BENCH_RECEIVER_THREADS", 0usize),
+            ahead: env("HOOKLINE_BENCH_AHEAD", 2_000u64),
         }
     }
 }
@@ -251,16 +268,64 @@ struct ReceiverState {
 struct Receiver {
     addr: SocketAddr,
     state: Arc<ReceiverState>,
+    /// The receiver's own runtime, when it has one; held for its drop.
+    _runtime: RuntimeGuard,
+}
+
+/// A runtime that is let go without waiting for its tasks (dropped from async code, where a
+/// plain drop would panic).
+struct RuntimeGuard(Option<tokio::runtime::Runtime>);
+
+impl Drop for RuntimeGuard {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Binds 127.0.0.1:0, sends its address on `bound`, and serves every connection until `stop`.
+async fn serve_receiver(
+    state: Arc<ReceiverState>,
+    bound: tokio::sync::oneshot::Sender<SocketAddr>,
+    stop: CancellationToken,
+) {
+    // With a listen queue as deep as a production server's: bound at tokio's 128, the
+    // receiver dropped handshakes when hookline opened its connections at the start of the
+    // throughput run, and those requests took 200 ms to 1 s.
+    let listener =
+        hookline::admin::listen("127.0.0.1:0".parse().expect("an address")).expect("bind");
+    let _ = bound.send(listener.local_addr().expect("local addr"));
+    loop {
+        let stream = tokio::select! {
+            () = stop.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(_) => continue,
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(answer(&state, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                () = stop.cancelled() => {}
+            }
+        });
+    }
 }
 
 impl Receiver {
-    async fn start(endpoints: usize, stop: CancellationToken) -> Receiver {
-        // With a listen queue as deep as a production server's: bound at tokio's 128, the
-        // receiver dropped handshakes when hookline opened its connections at the start of the
-        // throughput run, and those requests took 200 ms to 1 s.
-        let listener =
-            hookline::admin::listen("127.0.0.1:0".parse().expect("an address")).expect("bind");
-        let addr = listener.local_addr().expect("local addr");
+    /// Starts the receiver on the bench's runtime, or with `threads` above 0 on a runtime of
+    /// its own with that many worker threads (see [`Settings::receiver_threads`]).
+    async fn start(endpoints: usize, threads: usize, stop: CancellationToken) -> Receiver {
         let state = Arc::new(ReceiverState {
             per_endpoint: (0..endpoints).map(|_| AtomicU64::new(0)).collect(),
             raw: AtomicU64::new(0),
@@ -271,34 +336,27 @@ impl Receiver {
             arrivals: Mutex::new(Vec::new()),
             max_body: AtomicU64::new(0),
         });
-        let shared = state.clone();
-        tokio::spawn(async move {
-            loop {
-                let stream = tokio::select! {
-                    () = stop.cancelled() => return,
-                    r = listener.accept() => match r {
-                        Ok((s, _)) => s,
-                        Err(_) => continue,
-                    },
-                };
-                let _ = stream.set_nodelay(true);
-                let state = shared.clone();
-                let stop = stop.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let state = state.clone();
-                        async move { Ok::<_, Infallible>(answer(&state, req).await) }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service);
-                    tokio::select! {
-                        _ = conn => {}
-                        () = stop.cancelled() => {}
-                    }
-                });
-            }
+        let runtime = (threads > 0).then(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .thread_name("receiver")
+                .enable_all()
+                .build()
+                .expect("the receiver's runtime")
         });
-        Receiver { addr, state }
+        let handle = runtime
+            .as_ref()
+            .map_or_else(tokio::runtime::Handle::current, |r| r.handle().clone());
+        // The listener is made on the runtime that serves it, so its connections' readiness
+        // comes from that runtime's I/O driver.
+        let (bound, addr) = tokio::sync::oneshot::channel();
+        handle.spawn(serve_receiver(state.clone(), bound, stop));
+        let addr = addr.await.expect("the receiver bound its port");
+        Receiver {
+            addr,
+            state,
+            _runtime: RuntimeGuard(runtime),
+        }
     }
 
     fn url(&self, endpoint: usize) -> String {
@@ -499,18 +557,38 @@ fn pad_for(body: Body, id_len: usize) -> String {
     }
 }
 
-/// Produces events `{prefix}{first}..{prefix}{first + n}`; paced at `per_s` events/s when
-/// given, as fast as the producer queue takes them otherwise. Returns each event's hand-over
-/// time (unix micros), the `i`th for event `first + i`. No two events of a run share an id: the
-/// fan-out drops an event id it has recently seen, so each phase has a prefix of its own and
-/// paced runs after the first continue the numbering.
+/// How [`produce`] hands its events to the producer.
+#[derive(Clone, Copy)]
+enum Pace<'a> {
+    /// As fast as the producer queue takes them.
+    Burst,
+    /// At this many events/s.
+    Rate(f64),
+    /// As fast as hookline delivers them: an event goes out only while fewer than `ahead`
+    /// events before it have not yet been delivered to all their `per_event` endpoints
+    /// (`delivered` counts the phase's deliveries so far). Every stage then works at once, as
+    /// under a steady load, and none runs ahead on a backlog the others have not reached. Past
+    /// `deadline` the rest go out at once, so deliveries that stop end the phase at its own
+    /// deadline, short of what it expected, rather than holding the load generator for ever.
+    Ahead {
+        ahead: u64,
+        per_event: u64,
+        delivered: &'a (dyn Fn() -> u64 + Sync),
+        deadline: Duration,
+    },
+}
+
+/// Produces events `{prefix}{first}..{prefix}{first + n}` as `pace` says. Returns each event's
+/// hand-over time (unix micros), the `i`th for event `first + i`. No two events of a run share
+/// an id: the fan-out drops an event id it has recently seen, so each phase has a prefix of its
+/// own and paced runs after the first continue the numbering.
 async fn produce(
     producer: &FutureProducer,
     topic: &str,
     (prefix, first): (char, u64),
     n: u64,
     body: Body,
-    per_s: Option<f64>,
+    pace: Pace<'_>,
 ) -> Vec<u64> {
     let mut created = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     let mut acks = futures::stream::FuturesUnordered::new();
@@ -520,11 +598,32 @@ async fn produce(
     let mut seq = 0u64;
     let mut due = 0u64;
     while seq < n {
-        // Paced: every event due by now goes out at once, then the next millisecond tick.
-        if let Some(rate) = per_s {
-            while seq >= due {
-                tick.tick().await;
-                due = ((started.elapsed().as_secs_f64() * rate) as u64).min(n);
+        match pace {
+            Pace::Burst => {}
+            // Every event due by now goes out at once, then the next millisecond tick.
+            Pace::Rate(rate) => {
+                while seq >= due {
+                    tick.tick().await;
+                    due = ((started.elapsed().as_secs_f64() * rate) as u64).min(n);
+                }
+            }
+            // Every event the deliveries so far allow goes out at once, then the next tick.
+            Pace::Ahead {
+                ahead,
+                per_event,
+                delivered,
+                deadline,
+            } => {
+                while seq >= due {
+                    if due > 0 {
+                        tick.tick().await;
+                    }
+                    due = if started.elapsed() < deadline {
+                        (delivered() / per_event.max(1) + ahead).min(n)
+                    } else {
+                        n
+                    };
+                }
             }
         }
         let id = format!("{prefix}{}", first + seq);
@@ -1481,7 +1580,7 @@ impl Report {
              (events topic {}), delivered body={} B (asked {}, {} pad), store={}{}, kafka={}, \
              load generator linger.ms={}, max_in_flight/endpoint={}, http total timeout={:?}, \
              raw: {} connections for {:?}, latency run {:?} after a {:?} warm-up, phase deadline \
-             {:?}",
+             {:?}, receiver on {}, throughput run {}",
             s.events,
             s.isolation_events,
             s.endpoints,
@@ -1506,6 +1605,14 @@ impl Report {
             s.latency,
             s.latency_warmup,
             s.phase_deadline,
+            match s.receiver_threads {
+                0 => "the bench's runtime".to_owned(),
+                n => format!("its own runtime ({n} threads)"),
+            },
+            match s.ahead {
+                0 => "produced all at once".to_owned(),
+                n => format!("at most {n} events ahead of the deliveries"),
+            },
         );
     }
 }
@@ -1579,7 +1686,7 @@ impl Paced<'_> {
                 ('p', *next_seq),
                 warm,
                 s.body,
-                Some(events_per_s),
+                Pace::Rate(events_per_s),
             )
             .await;
             let w = watch.await.expect("watcher");
@@ -1617,7 +1724,7 @@ impl Paced<'_> {
             (MEASURED, first),
             n,
             s.body,
-            Some(events_per_s),
+            Pace::Rate(events_per_s),
         )
         .await;
         let rate = watch.await.expect("watcher");
@@ -1721,7 +1828,7 @@ async fn run(s: Settings) -> Report {
     let broker_age = broker.as_deref().and_then(process_age);
     let autogroups = autogroups();
     let stop = CancellationToken::new();
-    let rx = Receiver::start(s.endpoints, stop.clone()).await;
+    let rx = Receiver::start(s.endpoints, s.receiver_threads, stop.clone()).await;
 
     // 1. The receiver's raw ceiling.
     let raw_body = Bytes::from(vec![b'x'; s.body.bytes]);
@@ -1785,7 +1892,7 @@ async fn run(s: Settings) -> Report {
     let topic = config.kafka.topics.events.clone();
     let e = s.endpoints as u64;
     let all: Vec<usize> = (0..s.endpoints).collect();
-    let warm = produce(&producer, &topic, ('w', 0), 1, s.body, None).await;
+    let warm = produce(&producer, &topic, ('w', 0), 1, s.body, Pace::Burst).await;
     drop(warm);
     let warm_rate = watch_rate(e, Duration::from_secs(60), || rx.total(&all)).await;
     assert_eq!(
@@ -1811,12 +1918,24 @@ async fn run(s: Settings) -> Report {
     });
     let set_phase = |name: &'static str| *phase.lock().unwrap_or_else(|e| e.into_inner()) = name;
 
-    // 3. Throughput: produce everything, watch the receiver.
+    // 3. Throughput: produce everything, at most `ahead` events ahead of the deliveries (or
+    // all at once), and watch the receiver.
     let expected = s.events * e;
     let watcher = rx.spawn_watch(all.clone(), expected, s.phase_deadline);
     let parked_before = tokio::task::block_in_place(|| tier_records(&config));
     let cpu_before = cpu_sample(broker.as_deref());
-    produce(&producer, &topic, ('t', 0), s.events, s.body, None).await;
+    let base = rx.total(&all);
+    let delivered = || rx.total(&all) - base;
+    let pace = match s.ahead {
+        0 => Pace::Burst,
+        ahead => Pace::Ahead {
+            ahead,
+            per_event: e,
+            delivered: &delivered,
+            deadline: s.phase_deadline,
+        },
+    };
+    produce(&producer, &topic, ('t', 0), s.events, s.body, pace).await;
     let throughput = watcher.await.expect("watcher");
     let throughput_cpu = cpu_use(
         cpu_before,
@@ -1894,7 +2013,7 @@ async fn run(s: Settings) -> Report {
                 (prefix, 0),
                 s.isolation_events,
                 s.body,
-                None,
+                Pace::Burst,
             )
             .await;
             let rate = watch.await.expect("watcher");
