@@ -35,20 +35,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use hookline::attempt::ErrorClass;
-use hookline::deliver::outgoing;
+use hookline::dead_reason::DeadReason;
 use hookline::id::{EndpointId, Tenant};
 use hookline::kafka::{
     Producer, ProducerLog, TopicSpec, client_config, ensure_topics, producer_config,
 };
-use hookline::migrate::{MIGRATIONS, migrate};
 use hookline::record::DeliveryRecord;
 use hookline::replay::{
     EndpointReplayRequest, ReplayRequest, ReplayTarget, WINDOW, check, replay_endpoint,
 };
-use hookline::retry_policy::DeadReason;
+use hookline::stage::outgoing;
 use hookline::stage::produce_until_acked;
 use hookline::storage::conformance::{attempt_row, dead_attempt, dead_letter, dead_letter_to};
 use hookline::storage::memory::MemoryStore;
+use hookline::storage::scylla::migrate::{MIGRATIONS, migrate};
 use hookline::storage::scylla::{CqlPassword, ScyllaConfig, ScyllaStore, connect_session};
 use hookline::storage::{AttemptOutcome, AttemptRow, DeliveryStore, ReplayMark};
 use rdkafka::admin::{AdminClient, AdminOptions};

@@ -38,12 +38,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use hookline::config::{Config, TopicsConfig};
-use hookline::deliver::outgoing;
+use hookline::event_type::EventType;
 use hookline::id::{EndpointId, EventId, Tenant};
-use hookline::input::EventType;
 use hookline::kafka::{client_config, producer_config};
 use hookline::record::{DeliveryRecord, UnixMillis};
 use hookline::service::{self, Role};
+use hookline::stage::outgoing;
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};

@@ -117,9 +117,9 @@ use hookline::config::{Config, StoreKind, TopicsConfig};
 use hookline::endpoint::{CreateEndpoint, Endpoint};
 use hookline::id::Tenant;
 use hookline::kafka::{client_config, producer_config};
-use hookline::migrate::{MIGRATIONS, migrate};
 use hookline::service::{self, Role};
 use hookline::storage::memory::DEFAULT_CAPACITY;
+use hookline::storage::scylla::migrate::{MIGRATIONS, migrate};
 use hookline::storage::scylla::{CqlPassword, connect_session};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
@@ -294,7 +294,7 @@ async fn serve_receiver(
     // receiver dropped handshakes when hookline opened its connections at the start of the
     // throughput run, and those requests took 200 ms to 1 s.
     let listener =
-        hookline::admin::listen("127.0.0.1:0".parse().expect("an address")).expect("bind");
+        hookline::listen::listen("127.0.0.1:0".parse().expect("an address")).expect("bind");
     let _ = bound.send(listener.local_addr().expect("local addr"));
     loop {
         let stream = tokio::select! {

@@ -4,8 +4,9 @@ use std::hint::black_box;
 use std::time::SystemTime;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use hookline::event_type::EventType;
 use hookline::id::{EndpointId, EventId, Tenant};
-use hookline::input::{EventType, InputEvent};
+use hookline::input::InputEvent;
 use hookline::subscription::{SubscriptionIndex, parse_filters};
 use serde_json::value::RawValue;
 

@@ -40,9 +40,13 @@ use serde::{Deserialize, Deserializer};
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
+use crate::delay_tier::tier_name;
 use crate::id::Tenant;
+use crate::kafka::{ClientProperties, is_secret_client_property};
+use crate::limits::{DEFAULT_MESSAGE_MAX_BYTES, RECORD_HEADROOM};
 use crate::retry_policy::RetryPolicy;
 use crate::sealed::MasterKey;
+use crate::serde_field::{addr, addrs, cidrs, duration, durations};
 pub use crate::storage::scylla::ScyllaConfig;
 
 /// Prefix of configuration environment variables.
@@ -53,15 +57,6 @@ pub const ENV_SEPARATOR: &str = "__";
 pub const MAX_TIER: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Most delay tiers accepted (each is a topic and a consumer).
 pub const MAX_TIERS: usize = 32;
-/// The largest record a producer sends unless `kafka.client` sets `message.max.bytes`
-/// (librdkafka's default).
-pub const DEFAULT_MESSAGE_MAX_BYTES: u64 = 1_000_000;
-/// Room a payload leaves in its Kafka record for what hookline adds around it: the delivered
-/// body's envelope (`id`, `type`, `timestamp`) and a delivery record's headers (ids, tenant,
-/// type, origin, signing key ids, attempt summary), each bounded to a few hundred bytes.
-/// Without it a payload just under the record limit passes the checks and then no delivery
-/// record for it can be written.
-pub const RECORD_HEADROOM: u64 = 64 * 1024;
 /// Shortest admin token accepted: shorter ones are guessable.
 pub const MIN_TOKEN_LEN: usize = 16;
 /// Longest admin token accepted.
@@ -218,61 +213,28 @@ impl Default for KafkaConfig {
     }
 }
 
-/// rdkafka properties by name (`[kafka.client]`). `Debug` shows the values of secret ones
-/// ([`is_secret_client_property`]) as `<redacted>`, so a config, or anything holding these,
-/// can be logged whole.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct ClientProperties(BTreeMap<String, String>);
-
-impl std::ops::Deref for ClientProperties {
-    type Target = BTreeMap<String, String>;
-    fn deref(&self) -> &Self::Target {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for ClientProperties {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.0
-    }
-}
-
-impl From<BTreeMap<String, String>> for ClientProperties {
-    fn from(map: BTreeMap<String, String>) -> Self {
-        ClientProperties(map)
-    }
-}
-
-impl<'a> IntoIterator for &'a ClientProperties {
-    type Item = (&'a String, &'a String);
-    type IntoIter = std::collections::btree_map::Iter<'a, String, String>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
-    }
-}
-
-impl<'de> Deserialize<'de> for ClientProperties {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        string_map(d).map(ClientProperties)
-    }
-}
-
-impl fmt::Debug for ClientProperties {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map()
-            .entries(self.0.iter().map(|(k, v)| {
-                let shown = if is_secret_client_property(k) {
-                    "<redacted>"
-                } else {
-                    v.as_str()
-                };
-                (k, shown)
-            }))
-            .finish()
+impl Config {
+    /// The cluster and topics a replay reads and writes.
+    pub fn replay_target(&self) -> crate::replay::ReplayTarget {
+        crate::replay::ReplayTarget {
+            bootstrap: self.kafka.bootstrap_servers.clone(),
+            client: self.kafka.client.clone(),
+            dlq: self.kafka.topics.dlq.clone(),
+            deliveries: self.kafka.topics.deliveries.clone(),
+        }
     }
 }
 
 impl KafkaConfig {
+    /// Where the compacted endpoints topic lives.
+    pub fn endpoints_topic(&self) -> crate::registry::kafka::EndpointsTopic {
+        crate::registry::kafka::EndpointsTopic {
+            bootstrap: self.bootstrap_servers.clone(),
+            client: self.client.clone(),
+            topic: self.topics.endpoints.clone(),
+        }
+    }
+
     /// An rdkafka client config with `bootstrap.servers` and the `client` overrides set.
     pub fn client_config(&self) -> rdkafka::ClientConfig {
         let mut c = rdkafka::ClientConfig::new();
@@ -1128,23 +1090,6 @@ impl Config {
     }
 }
 
-/// A tier's name in its topic: the largest unit that divides it exactly (`5s`, `2m`, `6h`,
-/// `1d`, `1500ms`), so names stay short and legal in topic names.
-pub fn tier_name(d: Duration) -> String {
-    let ms = d.as_millis();
-    for (unit, size) in [
-        ("d", 86_400_000u128),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1000),
-    ] {
-        if ms >= size && ms.is_multiple_of(size) {
-            return format!("{}{unit}", ms / size);
-        }
-    }
-    format!("{ms}ms")
-}
-
 fn check_topic(key: &str, name: &str) -> Result<(), ConfigError> {
     let legal = !name.is_empty()
         && name.len() <= MAX_TOPIC_LEN
@@ -1370,23 +1315,6 @@ impl SecretPath {
     }
 }
 
-/// Whether an rdkafka property carries a secret (`sasl.password`, `ssl.key.password`,
-/// `ssl.key.pem`, `sasl.oauthbearer.client.secret`, ...); its value is never shown.
-pub fn is_secret_client_property(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    [
-        "password",
-        "secret",
-        "passphrase",
-        "key.pem",
-        "private.key",
-        "jaas.config",
-    ]
-    .iter()
-    .any(|s| n.contains(s))
-        || n == "sasl.oauthbearer.config"
-}
-
 /// The secret-bearing key at `key` (a full path such as `admin.operator_tokens[2]`), if any:
 /// admin tokens (the names of `admin.tenant_tokens` are tokens), `security.master_key`,
 /// `store.scylla.password`, and secret rdkafka properties under `kafka.client`.
@@ -1485,90 +1413,6 @@ fn de_error(key: String, message: String, origin: Option<String>) -> ConfigError
         detail: format!("is wrong: {message}"),
         origin,
     }
-}
-
-// Field deserialisers whose errors quote the value and say what was expected; `de_error`
-// prefixes the key.
-
-/// A humantime duration (`"500ms"`, `"2m"`), with an error that quotes the value; shared with
-/// the `[store.scylla]` table, which lives in [`crate::storage::scylla`].
-pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    humantime::parse_duration(&s).map_err(|_| {
-        serde::de::Error::custom(format!(
-            "= {s:?} is not a duration (e.g. \"500ms\", \"30s\", \"2m\", \"1h\")"
-        ))
-    })
-}
-
-struct De<T>(T);
-
-impl<'de> Deserialize<'de> for De<Duration> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        duration(d).map(De)
-    }
-}
-
-impl<'de> Deserialize<'de> for De<SocketAddr> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        addr(d).map(De)
-    }
-}
-
-impl<'de> Deserialize<'de> for De<IpNet> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map(De).map_err(|_| {
-            serde::de::Error::custom(format!(
-                "= {s:?} is not a CIDR range (e.g. \"10.1.0.0/16\")"
-            ))
-        })
-    }
-}
-
-fn durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
-    Vec::<De<Duration>>::deserialize(d).map(|v| v.into_iter().map(|x| x.0).collect())
-}
-
-fn addr<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
-    let s = String::deserialize(d)?;
-    s.parse().map_err(|_| {
-        serde::de::Error::custom(format!(
-            "= {s:?} is not an address (ip:port, e.g. \"127.0.0.1:8080\")"
-        ))
-    })
-}
-
-fn addrs<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SocketAddr>, D::Error> {
-    Vec::<De<SocketAddr>>::deserialize(d).map(|v| v.into_iter().map(|x| x.0).collect())
-}
-
-fn cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
-    Vec::<De<IpNet>>::deserialize(d).map(|v| v.into_iter().map(|x| x.0).collect())
-}
-
-/// rdkafka properties are strings, but `linger.ms = 0` in TOML is natural: accept scalars.
-fn string_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Scalar {
-        S(String),
-        I(i64),
-        F(f64),
-        B(bool),
-    }
-    let m = BTreeMap::<String, Scalar>::deserialize(d)?;
-    Ok(m.into_iter()
-        .map(|(k, v)| {
-            let v = match v {
-                Scalar::S(s) => s,
-                Scalar::I(i) => i.to_string(),
-                Scalar::F(f) => f.to_string(),
-                Scalar::B(b) => b.to_string(),
-            };
-            (k, v)
-        })
-        .collect())
 }
 
 #[cfg(test)]

@@ -34,7 +34,6 @@ use rdkafka::consumer::Consumer;
 use rdkafka::message::OwnedHeaders;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::tier_name;
 use crate::record::DeliveryRecord;
 use crate::stage::{
     Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked,
@@ -385,6 +384,23 @@ async fn drain<F>(
     }
 }
 
+/// A tier's name in its topic: the largest unit that divides it exactly (`5s`, `2m`, `6h`,
+/// `1d`, `1500ms`), so names stay short and legal in topic names.
+pub fn tier_name(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [
+        ("d", 86_400_000u128),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -550,8 +566,8 @@ mod stage_tests {
     use rdkafka::producer::FutureRecord;
 
     use super::*;
+    use crate::event_type::EventType;
     use crate::id::{EndpointId, EventId, Tenant};
-    use crate::input::EventType;
     use crate::kafka::{
         DELAY_FETCH, EmbeddedKafka, ProducerLog, TopicSpec, producer_config, stage_consumer_config,
     };
@@ -655,7 +671,7 @@ mod stage_tests {
                     Some(at) => record.for_park(at),
                     None => record,
                 };
-                let out = crate::deliver::outgoing(Arc::from(TIER), &record);
+                let out = crate::stage::outgoing(Arc::from(TIER), &record);
                 let sent = producer.send_result(
                     FutureRecord::to(TIER)
                         .partition(0)

@@ -31,6 +31,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::attempt::{Attempt, AttemptResult, ErrorClass};
 use crate::breaker::{self, Transition};
+use crate::dead_reason::DeadReason;
 use crate::delay_tier::Tiers;
 use crate::endpoint::{Endpoint, SecretKind};
 use crate::id::{DeliveryId, EndpointId};
@@ -38,10 +39,12 @@ use crate::intake::Intake;
 use crate::lane::{LaneConfig, Lanes, LanesConfig, Permit, Refusal};
 use crate::record::{DeadInfo, DeliveryRecord, UnixMillis};
 use crate::registry::{EndpointStore, EndpointView};
-use crate::retry_policy::{DeadReason, Decision, RetryPolicy, classify};
+use crate::retry_policy::{Decision, RetryPolicy, classify};
 use crate::sender::{OutboundRequest, Sender, Target};
 use crate::signing::{Ed25519SigningKey, Signer, SignerKey, SigningKey, SigningSecret};
-use crate::stage::{Outgoing, RebalanceEvent, Settlements, StageConsumer, Tp, produce_until_acked};
+use crate::stage::{
+    Outgoing, RebalanceEvent, Settlements, StageConsumer, Tp, outgoing, produce_until_acked,
+};
 use crate::storage::{AttemptOutcome, AttemptRow, DeliveryStore, RecordPosition};
 use crate::telemetry::{self, ParkReason};
 
@@ -106,10 +109,6 @@ struct AwaitingView {
 /// How long a delivery waits in memory for the endpoint view to be confirmed before it is
 /// parked in the shortest tier instead.
 const VIEW_PATIENCE: Duration = Duration::from_secs(10);
-
-/// Entries each of the stage's per-endpoint maps (send plans, booked turns, when an endpoint
-/// was first found unusable, the slow endpoints' log) holds before it is cleared or pruned.
-pub(crate) const MAX_ENDPOINT_ENTRIES: usize = 10_000;
 
 /// What an attempt task reports back to the stage loop: first that the endpoint answered (its
 /// lane slot is free), then that the attempt is logged and its follow-up produced, or that it
@@ -550,7 +549,7 @@ impl DeliverDeps {
                     break;
                 }
                 Err(e) => {
-                    telemetry::store_error(&e);
+                    telemetry::store_error(e.kind(), &e);
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         () = stop.cancelled() => return None,
@@ -573,16 +572,6 @@ fn record_position(tp: &Tp, offset: i64) -> RecordPosition {
     RecordPosition {
         partition: tp.1,
         offset,
-    }
-}
-
-/// The Kafka record for `record` on `topic`.
-pub fn outgoing(topic: Arc<str>, record: &DeliveryRecord) -> Outgoing {
-    Outgoing {
-        topic,
-        key: record.key().to_vec(),
-        headers: record.to_owned_headers(),
-        payload: record.body.clone(),
     }
 }
 
@@ -630,7 +619,7 @@ impl Turns {
         if turn > latest {
             return latest;
         }
-        if self.next.len() >= MAX_ENDPOINT_ENTRIES {
+        if self.next.len() >= crate::limits::MAX_ENDPOINT_ENTRIES {
             self.next.retain(|_, next| *next > now);
         }
         self.next.insert(id.clone(), turn + step);
@@ -669,7 +658,7 @@ struct Stage {
 ///
 /// A panicking attempt is logged and its record parked for later (see [`Stage::spawn_attempt`]);
 /// the stage goes on. A panic while writing a dead letter or a parked copy stops the stage the
-/// same way, before `shutdown`: its supervisor ([`crate::service::spawn_stage`]) then stops
+/// same way, before `shutdown`: its supervisor (the service's `spawn_stage`) then stops
 /// the process, and the record, never settled, is read again by the next one.
 pub async fn run(
     consumer: StageConsumer,
@@ -924,7 +913,7 @@ impl Stage {
     /// waits here (see [`Stage::recheck_awaiting_view`]); a confirmation takes a watermark
     /// request and the view's catching up, a few milliseconds normally.
     fn view_may_be_behind(&mut self, id: &EndpointId) -> bool {
-        if self.unusable_since.len() >= MAX_ENDPOINT_ENTRIES
+        if self.unusable_since.len() >= crate::limits::MAX_ENDPOINT_ENTRIES
             && !self.unusable_since.contains_key(id)
         {
             self.unusable_since.clear();
@@ -1114,7 +1103,7 @@ impl Stage {
         {
             return plan.clone();
         }
-        if self.plans.len() >= MAX_ENDPOINT_ENTRIES {
+        if self.plans.len() >= crate::limits::MAX_ENDPOINT_ENTRIES {
             self.plans.clear();
         }
         let plan = Arc::new(SendPlan::build(endpoint, now));
@@ -1410,10 +1399,9 @@ mod tests {
     use tokio::sync::{Semaphore, oneshot};
 
     use super::*;
-    use crate::config::Config;
     use crate::endpoint::CreateEndpoint;
+    use crate::event_type::EventType;
     use crate::id::{DeliveryId, EventId, Tenant};
-    use crate::input::EventType;
     use crate::registry::MemoryEndpointStore;
     use crate::sealed::MasterKey;
     use crate::storage::hooked::{Hooked, Hooks};
@@ -1536,8 +1524,33 @@ mod tests {
     ) -> (Arc<Endpoint>, Arc<DeliverDeps>) {
         let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
         let endpoint = endpoint_at(&endpoints, url, 1).await;
-        let tiers = Config::dev_defaults().retry.tiers;
-        (endpoint, Arc::new(deps_on(&endpoints, store, &tiers)))
+        (
+            endpoint,
+            Arc::new(deps_on(&endpoints, store, &DEFAULT_TIERS)),
+        )
+    }
+
+    /// The delay tiers of a default config.
+    const DEFAULT_TIERS: [Duration; 6] = [
+        Duration::from_secs(5),
+        Duration::from_secs(30),
+        Duration::from_secs(120),
+        Duration::from_secs(600),
+        Duration::from_secs(3600),
+        Duration::from_secs(6 * 3600),
+    ];
+
+    /// A sender that may reach plain http on loopback, as `hookline dev`'s may.
+    fn loopback_sender() -> Sender {
+        Sender::new(crate::sender::SenderConfig {
+            allow_http: true,
+            policy: crate::ssrf::Policy::with_allowed([
+                "127.0.0.0/8".parse().unwrap(),
+                "::1/128".parse().unwrap(),
+            ]),
+            ..Default::default()
+        })
+        .unwrap()
     }
 
     /// A producer with hookline's settings to the (mock) cluster at `bootstrap`.
@@ -1575,13 +1588,12 @@ mod tests {
         store: Arc<dyn DeliveryStore>,
         tiers: &[Duration],
     ) -> DeliverDeps {
-        let config = Config::dev_defaults();
         DeliverDeps {
             endpoints: endpoints.view().clone(),
             endpoint_writer: endpoints.clone(),
             store,
-            sender: crate::service::sender(&config).unwrap(),
-            policy: config.retry.policy(),
+            sender: loopback_sender(),
+            policy: RetryPolicy::default(),
             tiers: Arc::new(Tiers::new("t.retry.", tiers)),
             dlq_topic: Arc::from("t.dlq"),
             invalid_topic: Arc::from("t.invalid"),

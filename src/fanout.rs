@@ -18,11 +18,11 @@ use rdkafka::message::Header;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::deliver::outgoing;
 use crate::id::{EventId, Tenant};
 use crate::input::{InputConfig, InputEvent, InvalidInput, parse_message};
 use crate::record::{DeliveryRecord, Origin, UnixMillis};
 use crate::registry::{EndpointView, ViewStatus};
+use crate::stage::outgoing;
 use crate::stage::{
     Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked,
 };
@@ -226,7 +226,7 @@ fn invalid_record(
     let key = msg.key().unwrap_or_default();
     let mut value = msg.payload().unwrap_or_default();
     // The same room a payload leaves for headers, here the original's and the two added.
-    let headroom = crate::config::RECORD_HEADROOM as usize;
+    let headroom = crate::limits::RECORD_HEADROOM as usize;
     if key.len() + value.len() > max_record.saturating_sub(headroom) {
         invalid = invalid.and(&format!(
             "the value ({} bytes) is left out, too large to forward within {max_record} bytes \

@@ -7,6 +7,7 @@
 //! counts as acknowledged is durable.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use rdkafka::admin::{
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::mocking::MockCluster;
+use serde::{Deserialize, Deserializer};
 
 /// A topic hookline needs, with how it is laid out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -524,20 +526,82 @@ impl Drop for EmbeddedKafka {
     }
 }
 
-/// Whether `error` says a client has lost its brokers: every connection down, or one of them
-/// failing. librdkafka reconnects by itself and repeats these every few seconds per client.
-pub fn is_broker_outage(error: &rdkafka::error::KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure)
-    )
+/// rdkafka properties by name (`[kafka.client]`). `Debug` shows the values of secret ones
+/// ([`is_secret_client_property`]) as `<redacted>`, so a config, or anything holding these,
+/// can be logged whole.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ClientProperties(BTreeMap<String, String>);
+
+impl std::ops::Deref for ClientProperties {
+    type Target = BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ClientProperties {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl From<BTreeMap<String, String>> for ClientProperties {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        ClientProperties(map)
+    }
+}
+
+impl<'a> IntoIterator for &'a ClientProperties {
+    type Item = (&'a String, &'a String);
+    type IntoIter = std::collections::btree_map::Iter<'a, String, String>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl<'de> Deserialize<'de> for ClientProperties {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::serde_field::string_map(d).map(ClientProperties)
+    }
+}
+
+impl fmt::Debug for ClientProperties {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(k, v)| {
+                let shown = if is_secret_client_property(k) {
+                    "<redacted>"
+                } else {
+                    v.as_str()
+                };
+                (k, shown)
+            }))
+            .finish()
+    }
+}
+
+/// Whether an rdkafka property carries a secret (`sasl.password`, `ssl.key.password`,
+/// `ssl.key.pem`, `sasl.oauthbearer.client.secret`, ...); its value is never shown.
+pub fn is_secret_client_property(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    [
+        "password",
+        "secret",
+        "passphrase",
+        "key.pem",
+        "private.key",
+        "jaas.config",
+    ]
+    .iter()
+    .any(|s| n.contains(s))
+        || n == "sasl.oauthbearer.config"
 }
 
 /// One client's reports of a lost broker, so that an outage is logged once when it starts and
-/// then at most every [`LOG_REPEAT`](crate::telemetry::LOG_REPEAT) with a count of the reports held back, instead of
+/// then at most every [`LOG_REPEAT`](crate::repeat_log::LOG_REPEAT) with a count of the reports held back, instead of
 /// every few seconds by every client. Other errors are never held back.
 #[derive(Debug, Default)]
-pub struct OutageLog(crate::telemetry::RepeatLog);
+pub struct OutageLog(crate::repeat_log::RepeatLog);
 
 impl OutageLog {
     /// `None` when this report is held back, else how many were held back before it.
@@ -555,7 +619,7 @@ pub struct ProducerLog {
 
 impl rdkafka::ClientContext for ProducerLog {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        if !is_broker_outage(&error) {
+        if !crate::kafka_error::is_broker_outage(&error) {
             tracing::error!(error = %error, reason, "kafka producer error");
         } else if let Some(held_back) = self.outage.admit(std::time::Instant::now()) {
             tracing::error!(error = %error, reason, held_back, "kafka producer error");
@@ -679,7 +743,7 @@ mod tests {
 
     #[test]
     fn an_outage_is_logged_once_then_every_repeat_interval_with_what_was_held_back() {
-        use crate::telemetry::LOG_REPEAT;
+        use crate::repeat_log::LOG_REPEAT;
         let log = OutageLog::default();
         let t0 = std::time::Instant::now();
         assert_eq!(log.admit(t0), Some(0));
@@ -689,19 +753,5 @@ mod tests {
         assert_eq!(log.admit(t0 + LOG_REPEAT), Some(29));
         assert_eq!(log.admit(t0 + LOG_REPEAT + Duration::from_secs(1)), None);
         assert_eq!(log.admit(t0 + LOG_REPEAT * 3), Some(1));
-    }
-
-    #[test]
-    fn only_lost_brokers_count_as_an_outage() {
-        use rdkafka::error::KafkaError;
-        assert!(is_broker_outage(&KafkaError::Global(
-            RDKafkaErrorCode::AllBrokersDown
-        )));
-        assert!(is_broker_outage(&KafkaError::MessageConsumption(
-            RDKafkaErrorCode::BrokerTransportFailure
-        )));
-        assert!(!is_broker_outage(&KafkaError::Global(
-            RDKafkaErrorCode::UnknownTopicOrPartition
-        )));
     }
 }

@@ -1,88 +1,102 @@
 //! hookline: Kafka-native webhook delivery.
 //!
-//! Map of the crate:
-//! - [`attempt`]: the vocabulary of one HTTP attempt (error classes, what came back), shared by the
-//!   sender, the retry policy, the attempt log and metrics.
+//! The crate is built in five layers, and a module imports only from its own layer or those
+//! below it (`docs/architecture.md` holds the table; a test keeps it).
+//!
+//! Vocabulary: names every other layer speaks.
 //! - [`id`]: identifier newtypes (endpoint, event, tenant, delivery) and the deterministic
 //!   delivery id.
+//! - [`attempt`]: one HTTP attempt's error classes and what came back.
+//! - [`event_type`]: the event type subscriptions filter on.
+//! - [`dead_reason`]: why a delivery was dead-lettered.
+//! - [`limits`]: record sizes and the bound on per-endpoint maps.
+//! - [`repeat_log`]: logging a lasting problem once per interval, not once per record.
+//! - [`kafka_error`]: what a Kafka error means (a lost broker or not).
+//! - [`listen`]: binding hookline's HTTP listeners.
+//! - [`serde_field`]: config field deserialisers whose errors quote the value.
+//!
+//! Domain rules: pure decisions, no I/O.
 //! - [`signing`]: Standard Webhooks signatures (HMAC-SHA256 `v1`, Ed25519 `v1a`), secrets with
 //!   redacted `Debug`, and the verifier receivers can use.
-//! - [`retry_policy`]: the one table that classifies an attempt (success, retry, dead) and the one
-//!   home of backoff: full jitter, `Retry-After` clamp, total window.
-//! - [`ssrf`]: which addresses a delivery may reach, checked for literal hosts and inside the
-//!   resolver for every resolved address.
-//! - [`sender`]: the outbound HTTP client (rustls, no redirects, no proxies, capped body reads,
-//!   connect and total timeouts) that turns a signed request into an [`attempt::AttemptResult`].
-//! - [`kafka`]: producer/consumer settings, topic creation, the embedded mock cluster.
-//! - [`storage`]: the delivery store trait (attempt log, delivery state and history, replay
-//!   audit), its embedded and CQL (ScyllaDB/Cassandra) implementations and the suite every
-//!   implementation passes.
-//! - [`migrate`]: the versioned CQL schema migrator behind `hookline migrate`.
+//! - [`sealed`]: secrets at rest: the master key and XChaCha20-Poly1305 sealing.
+//! - [`retry_policy`]: the one table that classifies an attempt and the one home of backoff.
+//! - [`breaker`]: the per-endpoint circuit breaker and an attempt's health outcome.
+//! - [`ssrf`]: which addresses a delivery may reach.
+//! - [`endpoint`]: the endpoint model and the admin API's request shapes and rules.
+//! - [`record`]: the delivery record on the wire and the transitions the stages make.
+//! - [`input`]: an input record (Debezium outbox or native envelope) into an event, or into
+//!   the reason it is invalid.
+//! - [`subscription`]: event-type filters and the per-tenant index the fan-out queries.
+//!
+//! Infrastructure: Kafka, stores, HTTP and metrics, each behind its own interface.
 //! - [`telemetry`]: typed events that emit a log line and their metrics together; the
 //!   Prometheus listener.
-//! - [`offsets`]: the contiguous-offset tracker: per partition, which offset may be committed
-//!   while records complete out of order.
-//! - [`breaker`]: the per-endpoint circuit breaker (closed, open with growing cool-down,
-//!   half-open with one probe) and the health [`breaker::Outcome`] of an attempt.
-//! - [`lag`]: how late hookline's own runtime wakes a task (`hookline_runtime_lag_seconds`)
-//!   and how busy its workers are (`hookline_runtime_busy_ratio`).
-//! - [`lane`]: per-endpoint admission (AIMD concurrency limit, token-bucket rate limit, no
-//!   queue) and the per-partition map of lanes and breakers.
-//! - [`record`]: the delivery record on the wire (body bytes serialised once, `hookline-*`
-//!   headers) and the transitions the stages make (retry, park, DLQ, replay).
-//! - [`input`]: parsing an input record (Debezium outbox or native envelope) into an event, or
-//!   into the reason it goes to `hookline.invalid`.
-//! - [`subscription`]: event-type filters and the per-tenant index the fan-out queries.
-//! - [`delay_tier`]: retry tiers: which tier a delay goes to, and the stage that holds each
-//!   tier partition's head until due, then forwards it to the deliveries topic.
-//! - [`deliver`]: the delivery stage: per-endpoint lanes, sign, send, classify, log, settle;
-//!   parking into delay tiers; DLQ records.
-//! - [`fanout`]: the fan-out stage: input records to one delivery record per subscribed
-//!   endpoint, invalid records to the invalid topic.
-//! - [`stage`]: what every Kafka stage shares: rebalance events, settled-offset tracking and
-//!   storing, partition flow control, produce-until-acknowledged.
-//! - [`intake`]: a queue and a reader task per assigned partition, so a stage takes a backlog
-//!   a batch per partition in turn.
-//! - [`config`]: the one typed, layered configuration (defaults < `--config` TOML < `HOOKLINE_*`
-//!   environment), validated at start-up with errors that name the key.
-//! - [`sealed`]: secrets at rest: the master key and XChaCha20-Poly1305 sealing bound to context.
-//! - [`endpoint`]: the endpoint model (stored form with sealed secrets, in-memory form with opened
-//!   ones) and the admin API's request shapes and rules.
-//! - [`registry`]: every instance's materialised view of the compacted endpoints topic, and the
-//!   writer that waits for its own view to catch up.
-//! - [`replay`]: republishing a DLQ offset range with a fresh window, a replay id and an audit entry.
-//! - [`service`]: assembling the roles from a config and running them under one shutdown token.
-//! - [`admin`]: the admin API (axum, JSON, bearer tokens): endpoints, secret rotation, event
-//!   ingest, delivery history, health.
-//! - [`cli`]: the `hookline` command line (`sign`, `verify`, `send`, ...).
+//! - [`lag`]: how late and how busy hookline's own runtime is.
+//! - [`kafka`]: client settings, topic creation, the embedded mock cluster.
+//! - [`offsets`]: the contiguous-offset tracker.
+//! - [`stage`]: what every Kafka stage shares: rebalances, settled offsets, flow control,
+//!   producing until acknowledged.
+//! - [`intake`]: a queue and a reader per assigned partition.
+//! - [`storage`]: the delivery store (attempt log, history, replay audit), in memory and in CQL,
+//!   with the CQL schema migrator.
+//! - [`registry`]: the materialised view of the compacted endpoints topic and its writer.
+//! - [`sender`]: the outbound HTTP client.
+//! - [`lane`]: per-endpoint admission (AIMD concurrency, rate limit) and breakers per partition.
+//!
+//! Stages: the Kafka consumers that move a delivery along.
+//! - [`fanout`]: input records to one delivery record per subscribed endpoint.
+//! - [`deliver`]: sign, send, classify, log, settle; parking and dead letters.
+//! - [`delay_tier`]: holding retry records until due, then forwarding them.
+//! - [`replay`]: republishing dead letters with a fresh window and an audit entry.
+//!
+//! Edges: what operators and customers touch.
+//! - [`config`]: the typed, layered configuration, validated at start-up.
+//! - [`admin`]: the admin API.
+//! - [`service`]: assembling the roles from a config under one shutdown token.
+//! - [`cli`]: the `hookline` command line.
 
-pub mod admin;
+// Vocabulary.
 pub mod attempt;
-pub mod breaker;
-pub mod cli;
-pub mod config;
-pub mod delay_tier;
-pub mod deliver;
-pub mod endpoint;
-pub mod fanout;
+pub mod dead_reason;
+pub mod event_type;
 pub mod id;
+pub mod kafka_error;
+pub mod limits;
+pub mod listen;
+pub mod repeat_log;
+pub mod serde_field;
+
+// Domain rules.
+pub mod breaker;
+pub mod endpoint;
 pub mod input;
+pub mod record;
+pub mod retry_policy;
+pub mod sealed;
+pub mod signing;
+pub mod ssrf;
+pub mod subscription;
+
+// Infrastructure.
 pub mod intake;
 pub mod kafka;
 pub mod lag;
 pub mod lane;
-pub mod migrate;
 pub mod offsets;
-pub mod record;
 pub mod registry;
-pub mod replay;
-pub mod retry_policy;
-pub mod sealed;
 pub mod sender;
-pub mod service;
-pub mod signing;
-pub mod ssrf;
 pub mod stage;
 pub mod storage;
-pub mod subscription;
 pub mod telemetry;
+
+// Stages.
+pub mod delay_tier;
+pub mod deliver;
+pub mod fanout;
+pub mod replay;
+
+// Edges.
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod service;

@@ -23,9 +23,9 @@ use rdkafka::message::{BorrowedHeaders, Header, Message, OwnedHeaders};
 use serde_json::value::RawValue;
 
 use crate::attempt::ErrorClass;
+use crate::dead_reason::DeadReason;
+use crate::event_type::{EventType, EventTypeError};
 use crate::id::{DeliveryId, EndpointId, EventId, IdError, MAX_ID_LEN, Tenant};
-use crate::input::{EventType, EventTypeError};
-use crate::retry_policy::DeadReason;
 
 /// Header names. They are part of hookline's on-the-wire interface: changing one strands every
 /// record already sitting in a delay tier or the DLQ.
@@ -58,7 +58,7 @@ pub mod header {
     pub const ORIGIN_PARTITION: &str = "hookline-origin-partition";
     /// Input offset the event was read from.
     pub const ORIGIN_OFFSET: &str = "hookline-origin-offset";
-    /// DLQ only: why the delivery was dead-lettered ([`DeadReason::as_str`](crate::retry_policy::DeadReason::as_str)).
+    /// DLQ only: why the delivery was dead-lettered ([`DeadReason::as_str`](crate::dead_reason::DeadReason::as_str)).
     pub const DEAD_REASON: &str = "hookline-dead-reason";
     /// DLQ only: HTTP status of the last attempt, when one came back.
     pub const LAST_STATUS: &str = "hookline-last-status";

@@ -221,7 +221,12 @@ pub async fn start_registry(
 ) -> Result<(Arc<EndpointView>, Arc<dyn EndpointStore>), ServiceError> {
     let key = config.require_master_key()?.clone();
     let view = Arc::new(EndpointView::new(key.clone()));
-    let handle = spawn_materializer(&config.kafka, view.clone(), shutdown.clone()).await?;
+    let handle = spawn_materializer(
+        &config.kafka.endpoints_topic(),
+        view.clone(),
+        shutdown.clone(),
+    )
+    .await?;
     spawn_stage(tasks, shutdown, failed, "endpoints", async move {
         if let Err(e) = handle.await
             && let Ok(panic) = e.try_into_panic()
@@ -231,8 +236,12 @@ pub async fn start_registry(
     });
     view.wait_caught_up(Duration::from_secs(60)).await?;
     view.check_opened()?;
-    let writer =
-        KafkaEndpointStore::new(&config.kafka, view.clone(), key, Duration::from_secs(10))?;
+    let writer = KafkaEndpointStore::new(
+        &config.kafka.endpoints_topic(),
+        view.clone(),
+        key,
+        Duration::from_secs(10),
+    )?;
     Ok((view, Arc::new(writer)))
 }
 
@@ -397,9 +406,12 @@ pub fn install_metrics(config: &Config) -> Result<(), ServiceError> {
         .retry
         .tiers
         .iter()
-        .map(|d| crate::config::tier_name(*d))
+        .map(|d| crate::delay_tier::tier_name(*d))
         .collect();
-    crate::telemetry::register_series(tiers.iter().map(String::as_str));
+    crate::telemetry::register_series(
+        tiers.iter().map(String::as_str),
+        crate::input::InvalidReason::kinds(),
+    );
     Ok(())
 }
 

@@ -16,6 +16,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use crate::offsets::{OffsetError, OffsetTracker};
+use crate::record::DeliveryRecord;
 use crate::telemetry;
 
 /// A topic-partition.
@@ -131,7 +132,7 @@ impl ClientContext for StageContext {
                     "no topic matches the input pattern yet"
                 );
             }
-            _ if crate::kafka::is_broker_outage(&error) => {
+            _ if crate::kafka_error::is_broker_outage(&error) => {
                 if let Some(held_back) = self.outage.admit(std::time::Instant::now()) {
                     tracing::error!(
                         stage = self.stage,
@@ -555,6 +556,16 @@ pub struct Outgoing {
     pub headers: OwnedHeaders,
     /// Value bytes.
     pub payload: bytes::Bytes,
+}
+
+/// The Kafka record for `record` on `topic`.
+pub fn outgoing(topic: Arc<str>, record: &DeliveryRecord) -> Outgoing {
+    Outgoing {
+        topic,
+        key: record.key().to_vec(),
+        headers: record.to_owned_headers(),
+        payload: record.body.clone(),
+    }
 }
 
 /// Produces `record` and waits for the broker's acknowledgement, retrying with backoff until it

@@ -11,8 +11,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::event_type::{MAX_EVENT_TYPE_LEN, is_event_type_byte};
 use crate::id::{EndpointId, Tenant};
-use crate::input::{MAX_EVENT_TYPE_LEN, is_event_type_byte};
 
 /// Most filters one endpoint may have.
 pub const MAX_FILTERS: usize = 64;

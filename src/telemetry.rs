@@ -2,19 +2,17 @@
 //! disagree. Metric names carry their unit; every label takes values from a fixed set (error
 //! classes, dead reasons, tier names, stage names), never raw endpoint ids or URLs.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
 
 use crate::attempt::ErrorClass;
-use crate::input::InvalidReason;
-use crate::retry_policy::DeadReason;
-use crate::storage::StoreError;
+use crate::dead_reason::DeadReason;
+use crate::repeat_log::RepeatLog;
 
 /// Metric names, in one place so dashboards and code agree.
 pub mod name {
@@ -117,11 +115,11 @@ const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Installs the global Prometheus recorder, describes every metric, and serves them at every
 /// path of `listen` but `/health` (which answers `OK`), as the exporter's own listener does.
-/// The listener is bound as the admin API's is ([`crate::admin::listen`]): a scrape during a
+/// The listener is bound as the admin API's is ([`crate::listen::listen`]): a scrape during a
 /// burst of connections waits in the queue. Call it within the tokio runtime; the listener
 /// lives as long as the runtime.
 pub fn install(listen: SocketAddr) -> Result<(), InstallError> {
-    let listener = crate::admin::listen(listen)?;
+    let listener = crate::listen::listen(listen)?;
     let handle = exporter()?.install_recorder()?;
     // Only now is the global recorder the one handles register with.
     let _ = HOT.set(Hot::register());
@@ -309,10 +307,14 @@ fn describe() {
 }
 
 /// Registers every counter series (each label value of its fixed set, `tiers` for the retry
-/// tiers) and the breaker and in-flight gauges at zero, so that the first scrape already shows
+/// tiers, `invalid_reasons` for the kinds of invalid input) and the breaker and in-flight
+/// gauges at zero, so that the first scrape already shows
 /// them: a series that appears only at its first occurrence reads as "no data" on a dashboard,
 /// and `increase()` over a window that contains its birth misses that first count.
-pub fn register_series<'a>(tiers: impl IntoIterator<Item = &'a str>) {
+pub fn register_series<'a>(
+    tiers: impl IntoIterator<Item = &'a str>,
+    invalid_reasons: impl IntoIterator<Item = &'static str>,
+) {
     use name::*;
     for outcome in ["success", "retry", "dead"] {
         counter!(DELIVERIES, "outcome" => outcome).increment(0);
@@ -329,7 +331,7 @@ pub fn register_series<'a>(tiers: impl IntoIterator<Item = &'a str>) {
     for reason in ParkReason::all() {
         counter!(PARKED, "reason" => reason.as_str()).increment(0);
     }
-    for reason in InvalidReason::kinds() {
+    for reason in invalid_reasons {
         counter!(INVALID_RECORDS, "reason" => reason).increment(0);
     }
     for plain in [
@@ -660,75 +662,9 @@ pub fn cql_tls_reread(file: CqlTlsFile, used: bool) {
     counter!(name::STORE_TLS_REREADS, "file" => file.as_str(), "outcome" => outcome).increment(1);
 }
 
-/// How often a lasting problem is logged again while it lasts: a client that has lost every
-/// broker, a topic that refuses records, an attempt log that cannot be written.
-pub const LOG_REPEAT: Duration = Duration::from_secs(30);
-
-/// Reports of lasting problems by kind, so that each kind is logged once when it starts and then
-/// at most every [`LOG_REPEAT`] with how many reports were held back, instead of once by every
-/// record that meets it. Every unsettled record retries on its own, so a topic that refuses
-/// records or a store that is down fails thousands of them every few seconds. Most kinds come
-/// from fixed sets (a topic and an error code, a store error's kind); where they do not (an
-/// endpoint), the log keeps at most `max_kinds`, forgetting those last logged a repeat interval
-/// ago or more when it is full (they would be logged again anyway).
-#[derive(Debug)]
-pub struct RepeatLog {
-    /// Per kind, when it was last logged and how many reports came since.
-    kinds: Mutex<BTreeMap<String, (Instant, u64)>>,
-    max_kinds: usize,
-}
-
-impl RepeatLog {
-    /// An empty log, for a `static`.
-    pub const fn new() -> Self {
-        Self::bounded(usize::MAX)
-    }
-
-    /// An empty log keeping at most `max_kinds` kinds.
-    pub const fn bounded(max_kinds: usize) -> Self {
-        RepeatLog {
-            kinds: Mutex::new(BTreeMap::new()),
-            max_kinds,
-        }
-    }
-
-    /// `None` when this report of `kind` is held back, else how many were held back before it.
-    /// A new kind that finds the log full of kinds logged within the repeat interval is
-    /// logged, but not kept.
-    pub fn admit(&self, kind: &str, now: Instant) -> Option<u64> {
-        let mut kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
-        match kinds.get_mut(kind) {
-            Some((at, held)) if now.saturating_duration_since(*at) < LOG_REPEAT => {
-                *held += 1;
-                None
-            }
-            Some(last) => {
-                let held = last.1;
-                *last = (now, 0);
-                Some(held)
-            }
-            None => {
-                if kinds.len() >= self.max_kinds {
-                    kinds.retain(|_, (at, _)| now.saturating_duration_since(*at) < LOG_REPEAT);
-                }
-                if kinds.len() < self.max_kinds {
-                    kinds.insert(kind.to_owned(), (now, 0));
-                }
-                Some(0)
-            }
-        }
-    }
-}
-
-impl Default for RepeatLog {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// The endpoints whose records the delivery stage parks because they send slower than their
 /// records arrive, for [`slow_endpoint`]'s log, bounded as the stage's own per-endpoint maps.
-static SLOW_ENDPOINTS: RepeatLog = RepeatLog::bounded(crate::deliver::MAX_ENDPOINT_ENTRIES);
+static SLOW_ENDPOINTS: RepeatLog = RepeatLog::bounded(crate::limits::MAX_ENDPOINT_ENTRIES);
 
 /// The delivery stage parks records of `endpoint_id` until their turn, because its queue holds
 /// what the endpoint sends within the shortest tier (`queue_room` records at `sends_per_s`).
@@ -751,14 +687,9 @@ pub fn slow_endpoint(endpoint_id: &str, sends_per_s: f64, queue_room: usize) {
 static STORE_ERROR_LOG: RepeatLog = RepeatLog::new();
 
 /// An attempt-log write failed; the record stays unsettled and is tried again. Counted every
-/// time; logged as [`RepeatLog`] allows, per kind of error (unreachable, or anything else).
-pub fn store_error(error: &StoreError) {
+/// time; logged as [`RepeatLog`] allows, per `kind` of error (unreachable, or anything else).
+pub fn store_error(kind: &'static str, error: &dyn std::fmt::Display) {
     counter!(name::STORE_ERRORS).increment(1);
-    let kind = match error {
-        StoreError::Unavailable(_) => "unavailable",
-        StoreError::BadCursor => "bad_cursor",
-        StoreError::Backend(_) => "backend",
-    };
     if let Some(held_back) = STORE_ERROR_LOG.admit(kind, Instant::now()) {
         tracing::warn!(error = %error, held_back, "attempt log write failed; retrying");
     }
@@ -772,18 +703,10 @@ static FAILED_PRODUCES: RepeatLog = RepeatLog::new();
 /// changes (a refused record, then a lost broker) logs the new error at once.
 pub fn produce_failed(topic: &str, error: &rdkafka::error::KafkaError) {
     counter!(name::PRODUCE_RETRIES).increment(1);
-    if let Some(held_back) = FAILED_PRODUCES.admit(&kafka_error_kind(topic, error), Instant::now())
+    if let Some(held_back) =
+        FAILED_PRODUCES.admit(&crate::kafka_error::kind(topic, error), Instant::now())
     {
         tracing::warn!(topic, error = %error, held_back, "produce failed; retrying");
-    }
-}
-
-/// The [`RepeatLog`] kind of a Kafka `error` met by `scope` (a topic, a stage): the scope and
-/// librdkafka's error code, so that a new error in the same scope logs at once.
-fn kafka_error_kind(scope: &str, error: &rdkafka::error::KafkaError) -> String {
-    match error.rdkafka_error_code() {
-        Some(code) => format!("{scope} {code:?}"),
-        None => scope.to_owned(),
     }
 }
 
@@ -796,13 +719,13 @@ static CONSUMER_ERROR_LOG: RepeatLog = RepeatLog::new();
 /// logged as [`RepeatLog`] allows, per stage and error code: a consumer that fails on every poll
 /// logs one line per 30 s, and a different error logs at once.
 pub fn consumer_error(stage: &'static str, error: &rdkafka::error::KafkaError) {
-    if crate::kafka::is_broker_outage(error) {
+    if crate::kafka_error::is_broker_outage(error) {
         tracing::debug!(stage, error = %error, "consumer error");
         return;
     }
     counter!(name::CONSUMER_ERRORS, "stage" => stage).increment(1);
     if let Some(held_back) =
-        CONSUMER_ERROR_LOG.admit(&kafka_error_kind(stage, error), Instant::now())
+        CONSUMER_ERROR_LOG.admit(&crate::kafka_error::kind(stage, error), Instant::now())
     {
         tracing::warn!(stage, error = %error, held_back, "consumer error");
     }
@@ -812,7 +735,7 @@ pub fn consumer_error(stage: &'static str, error: &rdkafka::error::KafkaError) {
 mod tests {
     use super::*;
     use metrics_exporter_prometheus::PrometheusBuilder;
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     /// The park reasons are the `reason` label of `hookline_parked_total`, which operators'
     /// queries select on (the README's among them): pinned here, like the other label enums'.
@@ -922,7 +845,7 @@ mod tests {
             describe();
             fanned_out(3);
         });
-        let listener = crate::admin::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = crate::listen::listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, scrape_router(handle)).await });
         let get = |path: &str| {
@@ -958,7 +881,7 @@ mod tests {
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
             describe();
-            register_series(["5s", "1h"]);
+            register_series(["5s", "1h"], ["empty_value", "not_json"]);
             dead_lettered("dlv_1", "ep_1", DeadReason::Gone);
         });
         let text = handle.render();
@@ -995,57 +918,6 @@ mod tests {
         ] {
             series(&format!("{plain} 0"));
         }
-    }
-
-    #[test]
-    fn lasting_problems_are_logged_once_per_kind_then_every_repeat_interval() {
-        let log = RepeatLog::new();
-        let t0 = Instant::now();
-        assert_eq!(log.admit("dlq MessageSizeTooLarge", t0), Some(0));
-        assert_eq!(log.admit("retry.5s MessageSizeTooLarge", t0), Some(0));
-        assert_eq!(
-            log.admit("dlq MessageTimedOut", t0),
-            Some(0),
-            "a new error on the same topic is logged at once"
-        );
-        for ms in [1, 10, 1_000, 29_999] {
-            let at = t0 + Duration::from_millis(ms);
-            assert_eq!(log.admit("dlq MessageSizeTooLarge", at), None, "at {ms} ms");
-        }
-        assert_eq!(
-            log.admit("dlq MessageSizeTooLarge", t0 + LOG_REPEAT),
-            Some(4)
-        );
-        assert_eq!(
-            log.admit("retry.5s MessageSizeTooLarge", t0 + LOG_REPEAT),
-            Some(0)
-        );
-        assert_eq!(
-            log.admit("dlq MessageSizeTooLarge", t0 + LOG_REPEAT * 2),
-            Some(0),
-            "nothing held back since the last line"
-        );
-    }
-
-    /// A log of endpoints stays bounded: full, it forgets the kinds not logged within the
-    /// repeat interval; full of recent ones, a new kind is logged but not kept.
-    #[test]
-    fn a_bounded_repeat_log_forgets_old_kinds_when_full() {
-        let log = RepeatLog::bounded(2);
-        let t0 = Instant::now();
-        let later = t0 + LOG_REPEAT;
-        for (kind, at, want, why) in [
-            ("ep_a", t0, Some(0), "new"),
-            ("ep_b", t0, Some(0), "new"),
-            ("ep_c", t0, Some(0), "logged although the log is full"),
-            ("ep_c", t0, Some(0), "and not kept"),
-            ("ep_a", t0, None, "the kept ones are held back"),
-            ("ep_d", later, Some(0), "the old ones make room"),
-            ("ep_d", later, None, "kept"),
-        ] {
-            assert_eq!(log.admit(kind, at), want, "{kind}: {why}");
-        }
-        assert_eq!(log.kinds.lock().unwrap().len(), 1);
     }
 
     /// Records parked for a slow endpoint are counted under `slow_endpoint` with no endpoint
@@ -1104,10 +976,13 @@ mod tests {
     fn a_failing_attempt_log_is_logged_once_per_kind_and_counted_every_time() {
         let (text, rendered) = logged_and_exported(|| {
             for n in 0..500 {
-                store_error(&StoreError::Unavailable(format!("node {n} timed out")));
+                store_error(
+                    "unavailable",
+                    &format!("store unavailable: node {n} timed out"),
+                );
             }
-            store_error(&StoreError::Backend("keyspace hookline missing".into()));
-            store_error(&StoreError::Backend("keyspace hookline missing".into()));
+            store_error("backend", &"store error: keyspace hookline missing");
+            store_error("backend", &"store error: keyspace hookline missing");
         });
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");
@@ -1151,7 +1026,7 @@ mod tests {
         let corrupt = KafkaError::MessageConsumption(RDKafkaErrorCode::InvalidMessage);
         let lost = KafkaError::MessageConsumption(RDKafkaErrorCode::AllBrokersDown);
         let (text, rendered) = logged_and_exported(|| {
-            register_series(["5s"]);
+            register_series(["5s"], []);
             for _ in 0..300 {
                 consumer_error("deliver", &denied);
                 consumer_error("deliver", &lost);

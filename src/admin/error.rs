@@ -15,8 +15,6 @@ use crate::registry::RegistryError;
 use crate::storage::StoreError;
 use crate::subscription::FilterError;
 
-use super::events::SinkError;
-
 /// What the admin API answers when a request does not succeed.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -206,24 +204,6 @@ impl From<StoreError> for ApiError {
                 ApiError::invalid("cursor", "is not a cursor returned by this API")
             }
             StoreError::Backend(detail) => ApiError::Internal(format!("delivery store: {detail}")),
-        }
-    }
-}
-
-impl From<SinkError> for ApiError {
-    fn from(e: SinkError) -> ApiError {
-        match e {
-            SinkError::Unavailable(_) | SinkError::Timeout(_) => {
-                tracing::warn!(error = %e, "event not published");
-                ApiError::Unavailable(
-                    "the event was not accepted by Kafka; retry with the same id".to_owned(),
-                )
-            }
-            // The producer or broker refused the record's size: the envelope around the
-            // payload is more than `message.max.bytes` (the producer's or the topic's) allows.
-            SinkError::Rejected(detail) => ApiError::PayloadTooLarge(format!(
-                "the event is too large for its Kafka record ({detail}); send a smaller payload"
-            )),
         }
     }
 }

@@ -38,8 +38,8 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::config::KafkaConfig;
+use crate::event_type::EventType;
 use crate::id::{EventId, Tenant};
-use crate::input::EventType;
 use crate::record::{UnixMillis, rfc3339_millis};
 
 use super::AdminState;
@@ -105,6 +105,24 @@ pub enum SinkError {
     /// The broker refused this record for good (e.g. larger than it accepts).
     #[error("event refused: {0}")]
     Rejected(String),
+}
+
+impl From<SinkError> for ApiError {
+    fn from(e: SinkError) -> ApiError {
+        match e {
+            SinkError::Unavailable(_) | SinkError::Timeout(_) => {
+                tracing::warn!(error = %e, "event not published");
+                ApiError::Unavailable(
+                    "the event was not accepted by Kafka; retry with the same id".to_owned(),
+                )
+            }
+            // The producer or broker refused the record's size: the envelope around the
+            // payload is more than `message.max.bytes` (the producer's or the topic's) allows.
+            SinkError::Rejected(detail) => ApiError::PayloadTooLarge(format!(
+                "the event is too large for its Kafka record ({detail}); send a smaller payload"
+            )),
+        }
+    }
 }
 
 /// Where accepted events go. Object-safe so the API holds an `Arc<dyn EventSink>`.

@@ -20,6 +20,7 @@ use super::*;
 use crate::config::Token;
 use crate::endpoint::Endpoint;
 use crate::id::{EndpointId, Tenant};
+use crate::listen::listen;
 use crate::registry::{EndpointView, MemoryEndpointStore, RegistryError};
 use crate::sealed::MasterKey;
 use crate::ssrf::Policy;
@@ -1111,7 +1112,7 @@ async fn history_pages_newest_first_and_scopes_by_tenant() {
         "acme",
         10,
         AttemptOutcome::Dead {
-            reason: crate::retry_policy::DeadReason::HttpStatus,
+            reason: crate::dead_reason::DeadReason::HttpStatus,
         },
     )
     .await;
@@ -1510,7 +1511,7 @@ async fn kafka_sink_produces_the_envelope_keyed_by_event_id() {
     let event = NativeEvent {
         id: crate::id::EventId::parse("evt_k").unwrap(),
         tenant: Tenant::parse("acme").unwrap(),
-        event_type: crate::input::EventType::parse("order.created").unwrap(),
+        event_type: crate::event_type::EventType::parse("order.created").unwrap(),
         occurred_at: SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250),
         payload: serde_json::value::RawValue::from_string("{\"a\": 1}".into()).unwrap(),
     };
@@ -1555,7 +1556,7 @@ fn unreachable_sink(
     let event = NativeEvent {
         id: crate::id::EventId::parse("evt_t").unwrap(),
         tenant: Tenant::parse("acme").unwrap(),
-        event_type: crate::input::EventType::parse("a").unwrap(),
+        event_type: crate::event_type::EventType::parse("a").unwrap(),
         occurred_at: SystemTime::UNIX_EPOCH,
         payload: serde_json::value::RawValue::from_string(payload).unwrap(),
     };
@@ -1911,7 +1912,7 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
     let f = fixture();
     let ep = created_id(&f.app, ACME).await;
     let dead = AttemptOutcome::Dead {
-        reason: crate::retry_policy::DeadReason::HttpStatus,
+        reason: crate::dead_reason::DeadReason::HttpStatus,
     };
     record(&f.store, "evt_dead", &ep, "acme", 1, dead).await;
     record(
@@ -2054,7 +2055,7 @@ async fn dead_one() -> DeadOne {
     let f = fixture();
     let ep = created_id(&f.app, ACME).await;
     let dead = AttemptOutcome::Dead {
-        reason: crate::retry_policy::DeadReason::HttpStatus,
+        reason: crate::dead_reason::DeadReason::HttpStatus,
     };
     record(&f.store, "evt_dead", &ep, "acme", 1, dead).await;
     let id = delivery_id("evt_dead", &ep);

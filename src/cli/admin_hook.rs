@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 use crate::admin::events::KafkaEventSink;
 use crate::admin::{self, AdminState, UrlRules};
 use crate::config::Config;
-use crate::replay::{KafkaReplayer, ReplayTarget};
+use crate::replay::KafkaReplayer;
 use crate::service::{Handles, ServiceError};
 use crate::ssrf::Policy;
 
@@ -62,7 +62,7 @@ fn probe_kafka(
 /// Binds the admin API's address. Done before Kafka and the stages start, so an address in use
 /// is the first and only thing said.
 pub(super) fn bind(config: &Config) -> Result<TcpListener, ServiceError> {
-    crate::admin::listen(config.admin.listen).map_err(|e| ServiceError::Admin {
+    crate::listen::listen(config.admin.listen).map_err(|e| ServiceError::Admin {
         addr: config.admin.listen,
         detail: e.to_string(),
     })
@@ -93,7 +93,7 @@ pub(super) async fn serve(
         allow_http: config.http.dangerous_allow_http,
     })
     .with_replayer(Arc::new(KafkaReplayer {
-        target: ReplayTarget::of(config),
+        target: config.replay_target(),
         store: handles.store.clone(),
     }));
     let shutdown = shutdown.clone();

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use super::MigrateArgs;
 use crate::config::Config;
-use crate::migrate::{MIGRATIONS, migrate};
+use crate::storage::scylla::migrate::{MIGRATIONS, migrate};
 use crate::storage::scylla::{ScyllaConfig, connect_session};
 
 const USAGE_ERROR: u8 = 2;

@@ -87,7 +87,7 @@ pub(super) fn run(args: &ReceiveArgs) -> ExitCode {
     };
     let listen = args.listen;
     let result = rt.block_on(async move {
-        let listener = crate::admin::listen(listen)?;
+        let listener = crate::listen::listen(listen)?;
         println!("receiving webhooks on http://{listen}/ (answering {status}); Ctrl-C stops");
         let app = axum::Router::new().fallback(receive).with_state(state);
         axum::serve(listener, app)

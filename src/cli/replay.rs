@@ -8,7 +8,7 @@ use clap::Args;
 
 use crate::config::{Config, StoreKind};
 use crate::id::EndpointId;
-use crate::replay::{ReplayRequest, ReplayTarget, check};
+use crate::replay::{ReplayRequest, check};
 use crate::service;
 
 /// `hookline replay`.
@@ -55,7 +55,7 @@ pub(super) fn run(args: &ReplayArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return super::serve::fail(e),
     };
-    let target = ReplayTarget::of(&config);
+    let target = config.replay_target();
     if config.store.kind == StoreKind::Memory {
         eprintln!(
             "warning: store.kind = \"memory\": the audit entry lives only in this process; \

@@ -22,13 +22,24 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{Applied, EndpointStore, EndpointView, RegistryError, encode};
-use crate::config::KafkaConfig;
 use crate::endpoint::Endpoint;
 use crate::id::EndpointId;
+use crate::kafka::ClientProperties;
 use crate::sealed::MasterKey;
 
 /// How long metadata and watermark requests may take at start-up.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the compacted endpoints topic lives: the cluster, the client settings and its name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointsTopic {
+    /// `bootstrap.servers`.
+    pub bootstrap: String,
+    /// Extra rdkafka properties (`kafka.client`; secret ones redacted in `Debug`).
+    pub client: ClientProperties,
+    /// The topic's name.
+    pub topic: String,
+}
 
 fn kafka(e: KafkaError) -> RegistryError {
     RegistryError::Kafka(e.to_string())
@@ -38,13 +49,13 @@ fn kafka(e: KafkaError) -> RegistryError {
 /// assigns every partition from the beginning, and spawns a task that applies records to
 /// `view` until `shutdown` is cancelled. Await `view.wait_caught_up(..)` before serving.
 pub async fn spawn_materializer(
-    config: &KafkaConfig,
+    config: &EndpointsTopic,
     view: Arc<EndpointView>,
     shutdown: CancellationToken,
 ) -> Result<JoinHandle<()>, RegistryError> {
-    let topic = config.topics.endpoints.clone();
+    let topic = config.topic.clone();
     let mut client = rdkafka::ClientConfig::new();
-    client.set("bootstrap.servers", &config.bootstrap_servers);
+    client.set("bootstrap.servers", &config.bootstrap);
     for (k, v) in &config.client {
         if !crate::kafka::PRODUCER_ONLY.contains(&k.as_str()) {
             client.set(k, v);
@@ -218,7 +229,7 @@ impl rdkafka::ClientContext for ViewContext {
         if eof {
             return;
         }
-        if !crate::kafka::is_broker_outage(&error) {
+        if !crate::kafka_error::is_broker_outage(&error) {
             tracing::error!(error = %error, reason, "endpoint view consumer error");
         } else if let Some(held_back) = self.outage.admit(std::time::Instant::now()) {
             tracing::error!(error = %error, reason, held_back, "endpoint view consumer error");
@@ -289,15 +300,15 @@ impl std::fmt::Debug for KafkaEndpointStore {
 }
 
 impl KafkaEndpointStore {
-    /// A writer for `config.topics.endpoints` whose writes are awaited in `view` (fed by
+    /// A writer for `config.topic` whose writes are awaited in `view` (fed by
     /// [`spawn_materializer`]); each put or delete fails after `timeout` overall.
     pub fn new(
-        config: &KafkaConfig,
+        config: &EndpointsTopic,
         view: Arc<EndpointView>,
         key: MasterKey,
         timeout: Duration,
     ) -> Result<KafkaEndpointStore, RegistryError> {
-        let mut client = config.client_config();
+        let mut client = crate::kafka::client_config(&config.bootstrap, &config.client);
         // An admin write is one record that someone waits for: do not hold it for a batch.
         if client.get("linger.ms").is_none() {
             client.set("linger.ms", "0");
@@ -310,7 +321,7 @@ impl KafkaEndpointStore {
             producer: client
                 .create_with_context(crate::kafka::ProducerLog::default())
                 .map_err(kafka)?,
-            topic: config.topics.endpoints.clone(),
+            topic: config.topic.clone(),
             view,
             key,
             timeout,
@@ -377,10 +388,11 @@ mod tests {
 
     const WAIT: Duration = Duration::from_secs(20);
 
-    fn config(bootstrap: &str) -> KafkaConfig {
-        let mut c = KafkaConfig {
-            bootstrap_servers: bootstrap.to_owned(),
-            ..KafkaConfig::default()
+    fn config(bootstrap: &str) -> EndpointsTopic {
+        let mut c = EndpointsTopic {
+            bootstrap: bootstrap.to_owned(),
+            client: ClientProperties::default(),
+            topic: "hookline.endpoints".into(),
         };
         c.client.insert("linger.ms".into(), "0".into());
         c
@@ -540,7 +552,7 @@ mod tests {
         task.await.unwrap();
 
         let mut missing = cfg.clone();
-        missing.topics.endpoints = "no.such.topic".into();
+        missing.topic = "no.such.topic".into();
         let err = spawn_materializer(&missing, view, CancellationToken::new())
             .await
             .unwrap_err();

@@ -801,7 +801,7 @@ mod tests {
     use tokio::sync::Barrier;
 
     use super::*;
-    use crate::retry_policy::DeadReason;
+    use crate::dead_reason::DeadReason;
     use crate::storage::AttemptOutcome;
     use crate::storage::conformance::attempt_row;
     use crate::storage::hooked::{Hooked, Hooks};

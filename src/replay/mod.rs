@@ -20,10 +20,10 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use crate::deliver::outgoing;
 use crate::id::{EndpointId, Tenant};
 use crate::kafka::{client_config, producer_config, refused_for_good};
 use crate::record::DeliveryRecord;
+use crate::stage::outgoing;
 use crate::stage::{Produced, produce_unless_refused};
 use crate::storage::{DeliveryStore, ReplayAudit, ReplayMark, StoreError};
 use crate::telemetry;
@@ -90,23 +90,11 @@ pub struct ReplayTarget {
     /// Bootstrap servers.
     pub bootstrap: String,
     /// Client overrides (`kafka.client`; secret ones redacted in `Debug`).
-    pub client: crate::config::ClientProperties,
+    pub client: crate::kafka::ClientProperties,
     /// The DLQ topic.
     pub dlq: String,
     /// The deliveries topic.
     pub deliveries: String,
-}
-
-impl ReplayTarget {
-    /// The cluster and topics `config` names.
-    pub fn of(config: &crate::config::Config) -> ReplayTarget {
-        ReplayTarget {
-            bootstrap: config.kafka.bootstrap_servers.clone(),
-            client: config.kafka.client.clone(),
-            dlq: config.kafka.topics.dlq.clone(),
-            deliveries: config.kafka.topics.deliveries.clone(),
-        }
-    }
 }
 
 /// What a replay did (the admin API answers with it).

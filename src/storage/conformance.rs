@@ -9,8 +9,8 @@ use super::{
     ReplayAudit, ReplayMark,
 };
 use crate::attempt::ErrorClass;
+use crate::dead_reason::DeadReason;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
-use crate::retry_policy::DeadReason;
 
 /// The DLQ record of event `event` (an `order.created` of tenant acme) to an endpoint of its
 /// own, dead after a 404, its data padded with `padding` bytes: what replays read, for their
@@ -25,7 +25,7 @@ pub fn dead_letter_to(
     endpoint: &EndpointId,
     padding: usize,
 ) -> crate::record::DeliveryRecord {
-    use crate::input::EventType;
+    use crate::event_type::EventType;
     use crate::record::{DeadInfo, DeliveryRecord, UnixMillis, build_body};
     let event_id = EventId::parse(event).expect("valid event id");
     let event_type = EventType::parse("order.created").expect("valid event type");

@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::attempt::ErrorClass;
+use crate::dead_reason::DeadReason;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
-use crate::retry_policy::DeadReason;
 
 pub mod conformance;
 #[cfg(test)]
@@ -224,6 +224,18 @@ pub enum StoreError {
     /// Anything else the backend reported.
     #[error("store error: {0}")]
     Backend(String),
+}
+
+impl StoreError {
+    /// The error's kind, without its detail: a bounded label (`unavailable`, `bad_cursor`,
+    /// `backend`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::BadCursor => "bad_cursor",
+            StoreError::Backend(_) => "backend",
+        }
+    }
 }
 
 /// Everything the pipeline and the admin API keep about deliveries.

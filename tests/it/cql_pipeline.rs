@@ -3,7 +3,7 @@
 //! is then visible through the admin API; a 30 s CQL outage mid-stream loses nothing and
 //! duplicates nothing in the attempt log; `hookline run` on an unmigrated keyspace fails clearly.
 //!
-//! Every test works in its own keyspace (migrated by `hookline::migrate`, dropped at the end,
+//! Every test works in its own keyspace (migrated by `hookline::storage::scylla::migrate`, dropped at the end,
 //! pass or fail), its own topics and consumer groups, so runs share the servers safely. The
 //! outage is a TCP proxy inside the test between hookline and the shared Cassandra: cutting it
 //! cuts only this test's store.
@@ -20,8 +20,8 @@ use hookline::admin::events::MemoryEventSink;
 use hookline::admin::{AdminState, router};
 use hookline::config::{AdminConfig, Config, StoreKind, Token};
 use hookline::id::{DeliveryId, EventId};
-use hookline::migrate::{MIGRATIONS, migrate};
 use hookline::service;
+use hookline::storage::scylla::migrate::{MIGRATIONS, migrate};
 use hookline::storage::scylla::{ScyllaConfig, connect_session};
 use hookline::storage::{AttemptOutcome, DeliveryStatus};
 use http_body_util::BodyExt;
@@ -68,7 +68,10 @@ impl Keyspace {
         )
         .await
         .expect("migrate the test keyspace");
-        assert_eq!(report.version, hookline::migrate::LATEST_VERSION);
+        assert_eq!(
+            report.version,
+            hookline::storage::scylla::migrate::LATEST_VERSION
+        );
         Keyspace { session, name }
     }
 

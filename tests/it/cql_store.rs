@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime};
 
 use futures::FutureExt;
 use hookline::attempt::ErrorClass;
+use hookline::dead_reason::DeadReason;
 use hookline::id::EndpointId;
-use hookline::migrate::{MIGRATIONS, MigrateError, migrate};
-use hookline::retry_policy::DeadReason;
 use hookline::storage::conformance::{self, attempt_row};
+use hookline::storage::scylla::migrate::{MIGRATIONS, MigrateError, migrate};
 use hookline::storage::scylla::{
     CqlPassword, CqlTls, DeadLetter, DeadLetterQuery, ScyllaConfig, ScyllaError, ScyllaStore,
     connect_session, connect_session_with, tls_context,
@@ -63,7 +63,7 @@ async fn cql() -> Cql {
 }
 
 impl Cql {
-    async fn migrate(&self) -> hookline::migrate::MigrationReport {
+    async fn migrate(&self) -> hookline::storage::scylla::migrate::MigrationReport {
         migrate(
             &self.session,
             &self.config.keyspace,
@@ -375,12 +375,15 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
             assert!(second.applied.is_empty(), "second run applies nothing");
             assert_eq!(second.version, 6);
             let ks = &c.config.keyspace;
-            let recorded = hookline::migrate::applied_versions(&c.session, ks)
+            let recorded = hookline::storage::scylla::migrate::applied_versions(&c.session, ks)
                 .await
                 .unwrap();
             assert_eq!(recorded.len(), 6);
             for (recorded, m) in recorded.iter().zip(MIGRATIONS) {
-                assert_eq!(recorded.checksum, hookline::migrate::checksum(m.cql));
+                assert_eq!(
+                    recorded.checksum,
+                    hookline::storage::scylla::migrate::checksum(m.cql)
+                );
             }
 
             // A later release migrated this keyspace: this binary must not touch it.

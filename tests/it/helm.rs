@@ -776,7 +776,7 @@ fn series<'a>(name: &str, labels: impl Iterator<Item = (&'a str, &'a str)>) -> S
 /// promtool unit tests of eight alerts on the series hookline exports (at the defaults'
 /// thresholds and `for:` durations), one sample a minute.
 fn rule_tests(rules: &str, targets: &[Target]) -> Value {
-    use hookline::retry_policy::DeadReason;
+    use hookline::dead_reason::DeadReason;
     use hookline::telemetry::ParkReason;
     use hookline::telemetry::name::{
         BREAKERS_OPEN, DEAD_LETTERS, PARKED, RUNTIME_LAG, STORE_TLS_CERT_EXPIRY, STORE_TLS_REFUSED,

@@ -5,6 +5,7 @@ mod cql_store;
 mod dev;
 mod helm;
 mod image;
+mod layers;
 mod outage;
 mod pipeline;
 mod readme;

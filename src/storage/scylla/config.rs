@@ -46,13 +46,13 @@ pub struct ScyllaConfig {
     /// NetworkTopologyStrategy: replicas per datacenter.
     pub replication: Option<BTreeMap<String, u32>>,
     /// How long attempt rows, delivery state and history are kept.
-    #[serde(deserialize_with = "crate::config::duration")]
+    #[serde(deserialize_with = "crate::serde_field::duration")]
     pub attempt_ttl: Duration,
     /// How long replay audit rows are kept.
-    #[serde(deserialize_with = "crate::config::duration")]
+    #[serde(deserialize_with = "crate::serde_field::duration")]
     pub audit_ttl: Duration,
     /// Client-side timeout of one CQL request (retries included).
-    #[serde(deserialize_with = "crate::config::duration")]
+    #[serde(deserialize_with = "crate::serde_field::duration")]
     pub write_timeout: Duration,
     /// CQL requests in flight at once from this process; further writes wait for a slot.
     pub max_concurrent_writes: usize,
@@ -60,7 +60,7 @@ pub struct ScyllaConfig {
     pub local_dc: Option<String>,
     /// How long start-up keeps retrying an unreachable cluster before it fails (`0s`: one try).
     /// Covers a cluster that starts alongside hookline; a missing schema fails at once.
-    #[serde(deserialize_with = "crate::config::duration")]
+    #[serde(deserialize_with = "crate::serde_field::duration")]
     pub startup_wait: Duration,
     /// The role hookline logs in as, with `password`; no login when unset.
     pub username: Option<String>,

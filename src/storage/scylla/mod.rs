@@ -1,6 +1,6 @@
 //! The CQL store: ScyllaDB in production, Apache Cassandra 5 in this project's tests.
 //!
-//! Tables are in `schemas/cql/` (applied by [`crate::migrate`]). Writes are prepared
+//! Tables are in `schemas/cql/` (applied by [`migrate`]). Writes are prepared
 //! statements, token-aware (the driver's default policy, optionally pinned to `local_dc`),
 //! bounded by a semaphore of `max_concurrent_writes` requests in flight, each under the
 //! `write_timeout` of the session's execution profile. A permit is held only while its request
@@ -55,6 +55,7 @@
 mod bucket_index;
 mod config;
 mod group_commit;
+pub mod migrate;
 mod row;
 pub mod startup;
 mod tls;
@@ -98,8 +99,8 @@ use super::{
     MAX_PAGE, Page, RecordPosition, ReplayAudit, ReplayMark, StoreError,
 };
 use crate::attempt::ErrorClass;
+use crate::dead_reason::DeadReason;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
-use crate::retry_policy::DeadReason;
 
 /// Most history entries one page request reads before it returns what it has.
 pub const MAX_SCANNED: usize = 5_000;
@@ -926,14 +927,14 @@ impl ScyllaStore {
     ) -> Result<ScyllaStore, ScyllaError> {
         config.validate()?;
         let ks = &config.keyspace;
-        let found = crate::migrate::applied_versions(&session, ks)
+        let found = migrate::applied_versions(&session, ks)
             .await
             .map_err(|e| ScyllaError::Cql(e.to_string()))?
             .iter()
             .map(|v| v.version)
             .max()
             .unwrap_or(0);
-        let needed = crate::migrate::LATEST_VERSION;
+        let needed = migrate::LATEST_VERSION;
         if found < needed {
             return Err(ScyllaError::SchemaBehind {
                 keyspace: ks.clone(),

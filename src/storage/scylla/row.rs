@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use scylla::value::CqlTimestamp;
 
 use super::super::{AttemptOutcome, StoreError};
+use crate::dead_reason::DeadReason;
 use crate::id::DeliveryId;
-use crate::retry_policy::DeadReason;
 
 /// Width of the time buckets that partition an endpoint's history and dead letters: one
 /// minute, so one endpoint taking 1,000 deliveries/s fills a partition with 60,000 entries. Part
@@ -206,7 +206,7 @@ mod tests {
 
     #[test]
     fn the_bucket_width_is_the_schemas() {
-        let schema = crate::migrate::MIGRATIONS
+        let schema = super::super::migrate::MIGRATIONS
             .iter()
             .find(|m| m.name == "history_buckets")
             .expect("the bucketed schema is embedded");

@@ -566,7 +566,7 @@ pub fn verify(req: &RecordedRequest, secret: &str) -> String {
 /// Produces `record` to `topic` with `producer` as hookline writes it (key, headers, body), and
 /// waits for the broker's acknowledgement.
 pub async fn produce_delivery(producer: &FutureProducer, topic: &str, record: &DeliveryRecord) {
-    let out = hookline::deliver::outgoing(Arc::from(topic), record);
+    let out = hookline::stage::outgoing(Arc::from(topic), record);
     producer
         .send(
             FutureRecord::to(topic)

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use hookline::config::Config;
+use hookline::dead_reason::DeadReason;
+use hookline::event_type::EventType;
 use hookline::id::{EndpointId, EventId, Tenant};
-use hookline::input::EventType;
 use hookline::record::{DeliveryRecord, UnixMillis, header};
-use hookline::retry_policy::DeadReason;
 use rdkafka::Message;
 use rdkafka::message::{Headers, OwnedMessage};
 use serde_json::json;
@@ -1685,7 +1685,7 @@ fn admin_api(p: &Pipeline) -> axum::Router {
             ready,
         )
         .with_replayer(std::sync::Arc::new(hookline::replay::KafkaReplayer {
-            target: hookline::replay::ReplayTarget::of(&p.config),
+            target: p.config.replay_target(),
             store: p.handles.store.clone(),
         })),
     )

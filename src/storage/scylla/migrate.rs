@@ -20,7 +20,7 @@ use scylla::statement::unprepared::Statement;
 use scylla::value::CqlTimestamp;
 use sha2::{Digest, Sha256};
 
-use crate::storage::scylla::{Replication, valid_keyspace};
+use super::config::{Replication, valid_keyspace};
 
 /// One versioned schema file, embedded in the binary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,32 +38,32 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "initial",
-        cql: include_str!("../schemas/cql/001_initial.cql"),
+        cql: include_str!("../../../schemas/cql/001_initial.cql"),
     },
     Migration {
         version: 2,
         name: "history_buckets",
-        cql: include_str!("../schemas/cql/002_history_buckets.cql"),
+        cql: include_str!("../../../schemas/cql/002_history_buckets.cql"),
     },
     Migration {
         version: 3,
         name: "replay_marks",
-        cql: include_str!("../schemas/cql/003_replay_marks.cql"),
+        cql: include_str!("../../../schemas/cql/003_replay_marks.cql"),
     },
     Migration {
         version: 4,
         name: "replay_claims",
-        cql: include_str!("../schemas/cql/004_replay_claims.cql"),
+        cql: include_str!("../../../schemas/cql/004_replay_claims.cql"),
     },
     Migration {
         version: 5,
         name: "attempt_records",
-        cql: include_str!("../schemas/cql/005_attempt_records.cql"),
+        cql: include_str!("../../../schemas/cql/005_attempt_records.cql"),
     },
     Migration {
         version: 6,
         name: "replay_tenants",
-        cql: include_str!("../schemas/cql/006_replay_tenants.cql"),
+        cql: include_str!("../../../schemas/cql/006_replay_tenants.cql"),
     },
 ];
 
