@@ -4,9 +4,9 @@
 //! Through the consumer's single queue a stage takes records in the order librdkafka fetched
 //! them, and librdkafka decides whether to fetch a partition by the length of that shared queue
 //! (`queued.min.messages` counts every partition's records in it). Under a backlog the fetches
-//! then cluster on a few partitions at a time: in the end-to-end bench the delivery stage served
-//! three or fewer of ten endpoints in most 100 ms intervals, each endpoint's lane ran empty in
-//! turn, and the healthy endpoints' rate swung with it. With a queue per partition each
+//! then cluster on a few partitions at a time: the delivery stage serves only a few endpoints
+//! at once, each endpoint's lane runs empty in turn, and the healthy endpoints' rate swings
+//! with it. With a queue per partition each
 //! partition is fetched by its own queue's length, and the channel's waiting senders are served
 //! first come, first served: a reader that has just sent waits behind every other reader that
 //! has records.
@@ -16,10 +16,9 @@
 //! generation and is dropped: the partition's new owner reads those records again.
 //!
 //! The delivery stage reads through it. The fan-out keeps the shared queue: read through the
-//! intake, its producer sent about 55% more produce requests for the same bytes in the bench's
-//! latency run (1,277 against 786-830 a second at 14,000 deliveries/s), broker CPU that the
-//! latency target needs. The delay stage holds each partition's head until due, and pausing
-//! is how it waits.
+//! intake, its producer sends more, smaller produce requests for the same bytes, and the
+//! broker's CPU for them is what the latency target needs. The delay stage holds each
+//! partition's head until due, and pausing is how it waits.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -167,8 +167,8 @@ pub fn stage_consumer_config(
         .set("fetch.min.bytes", fetch.min_bytes.to_string())
         // A stage pauses a partition whose window is full, and librdkafka drops that
         // partition's prefetched records on pause (they are fetched again on resume). With its
-        // defaults (up to 100,000 records or 64 MiB prefetched) a backlog made the delivery
-        // stage fetch every record about seven times. A small prefetch keeps the waste to a
+        // defaults (up to 100,000 records or 64 MiB prefetched) a backlog makes the delivery
+        // stage fetch every record many times over. A small prefetch keeps the waste to a
         // fraction of the window; the short queue backoff fetches again as soon as the stage
         // has taken records (the default waits a second). librdkafka counts this against the
         // queue a partition's records go to: in the delivery stage each partition has its own
@@ -198,13 +198,12 @@ pub struct FetchBatching {
 
 /// The fan-out and delivery stages' fetches: answered at 64 KiB or after 10 ms.
 ///
-/// The broker's cost follows its request count more than its records (0.17-0.28 ms of CPU per
-/// idle 12-partition fetch on the two-core bench machine). With `fetch.min.bytes` 1 a fetch
-/// returns as soon as one record arrives, so at a steady rate every few records cost a request:
-/// at 8,000 deliveries/s the two stages sent 1,250-1,470 fetches/s, and about 240 with this
-/// batching. A stage sends at most 100 fetches/s until its records fill 64 KiB in less than
-/// 10 ms, and then carries at least 64 KiB in each. A record that arrives alone waits at most
-/// 10 ms per stage for its fetch (5 ms on average).
+/// The broker's cost follows its request count more than its records: every fetch, even an
+/// idle one, costs it CPU. With `fetch.min.bytes` 1 a fetch returns as soon as one record
+/// arrives, so at a steady rate every few records cost a request; batching cuts the fetches
+/// several times over. A stage sends at most 100 fetches/s until its records fill 64 KiB in
+/// less than 10 ms, and then carries at least 64 KiB in each. A record that arrives alone waits
+/// at most 10 ms per stage for its fetch (5 ms on average).
 pub const HOT_FETCH: FetchBatching = FetchBatching {
     max_wait_ms: 10,
     min_bytes: 64 * 1024,

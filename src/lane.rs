@@ -45,7 +45,7 @@ const ANSWER_TIME_HORIZON: Duration = Duration::from_secs(1);
 
 /// How many times as long as the other endpoints' answers an endpoint's must take for its
 /// answer time to be its own (see [`Lanes::throughput`]). Healthy endpoints slowed down
-/// together differ by less: in one second of a starved bench run their answers took 68-361 ms.
+/// together, in a process short of CPU, differ by less.
 const SLOWER_THAN_THE_REST: f64 = 4.0;
 
 /// How many answers, weighted by age, the other endpoints must have given for their mean to
@@ -438,15 +438,14 @@ impl Permit {
 /// answers span a horizon: from one round of answers after a quiet spell it is `None`.
 ///
 /// Weighting by age rather than by count matters for fast endpoints: with each answer given a
-/// fixed share (a quarter, once), an endpoint answering thousands of requests a second was
-/// judged by its last few milliseconds, and a single request that took 2 s put its average at
-/// half a second. Its send rate then read a few dozen a second, and the delivery stage parked
-/// most of a healthy backlog as if the endpoint were slow.
+/// fixed share, an endpoint answering thousands of requests a second would be judged by its
+/// last few milliseconds, and a single slow request would put its average far above its
+/// usual answers. Its send rate would then read far below what it sends, and the delivery
+/// stage would park a healthy backlog as if the endpoint were slow.
 ///
 /// The first answers after a quiet spell are no evidence on their own: a burst after a pause
 /// opens new connections (and TLS sessions) and meets a busy machine, so its first round of
-/// answers comes slowly, and the endpoint's backlog was parked on it (57-948 records at the
-/// start of a bench throughput run where every endpoint answered at once).
+/// answers comes slowly; judged by it, the endpoint's backlog would be parked.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct AnswerTime {
     /// The answers' seconds and their count, both weighted by age as of `at`.
@@ -706,8 +705,8 @@ impl Lanes {
     /// other endpoints' here (see [`Lanes::others_answer_time`]) has no known rate either: its
     /// answer time is then mostly what any answer takes in this process. On a machine short of
     /// CPU every endpoint's answers slow down together, by hookline's own wait and the
-    /// machine's, and before this check the bench's healthy endpoints had their backlogs parked
-    /// as if each were slow (up to 4,433 records in a run).
+    /// machine's; without this check healthy endpoints would have their backlogs parked as if
+    /// each were slow.
     pub fn throughput(&self, endpoint: &EndpointId) -> Option<f64> {
         let entry = self.entries.get(endpoint)?;
         let secs = entry.answer_time.secs()?;

@@ -346,7 +346,7 @@ async fn endpoint_lifecycle_shows_secrets_only_at_creation_and_rotation() {
         "old_expires_in",
     );
     // Expiries out of bounds are refused with the field named, and change nothing: one far
-    // beyond any date a record can hold once took the request down with no answer.
+    // beyond any date a record can hold must not take the request down with no answer.
     let (uri, rotate) = (
         format!("/v1/endpoints/{id}"),
         format!("/v1/endpoints/{id}/secrets"),

@@ -2,7 +2,7 @@
 //!
 //! Attempts are recorded from the delivery stage's tasks under one lock, so no insert may do
 //! work that grows with the store: a hash table that doubles or rehashes while the lock is
-//! held stalls every delivery behind it (measured at 100 ms for 200,000 deliveries). The tables
+//! held stalls every delivery behind it. The tables
 //! are therefore sized for the store's capacity at half load when the store is made, and
 //! deliveries are boxed so that a table slot stays small. At that load a removal almost always
 //! frees its slot outright, so evicting the oldest delivery for each new one never piles up

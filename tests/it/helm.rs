@@ -602,11 +602,19 @@ fn selects(matchers: &[(String, String, String)], labels: &Target) -> bool {
     })
 }
 
-/// What `src/telemetry.rs` (the one home of metric names) exports: name → (labels,
+/// What `src/telemetry/` (the one home of metric names) exports: name → (labels,
 /// is a histogram).
 fn exported_metrics() -> BTreeMap<String, (BTreeSet<String>, bool)> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/telemetry.rs");
-    let src = std::fs::read_to_string(&path).expect("read src/telemetry.rs");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/telemetry");
+    let mut files: Vec<_> = std::fs::read_dir(&path)
+        .expect("read src/telemetry/")
+        .map(|e| e.expect("a directory entry").path())
+        .collect();
+    files.sort();
+    let src: String = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).expect("read a telemetry file"))
+        .collect();
     let consts: BTreeMap<&str, &str> = Regex::new(r#"pub const (\w+): &str = "(hookline_\w+)";"#)
         .expect("regex")
         .captures_iter(&src)
