@@ -284,7 +284,7 @@ pub async fn start(
         consumer.subscribe(&refs)?;
         let input = InputConfig {
             max_payload: usize::try_from(config.http.max_payload_bytes).unwrap_or(usize::MAX),
-            max_record: usize::try_from(config.message_max_bytes()?).unwrap_or(usize::MAX),
+            max_record: usize::try_from(config.kafka.message_max_bytes()?).unwrap_or(usize::MAX),
             type_header: k.outbox.type_header.clone(),
             tenant_header: k.outbox.tenant_header.clone(),
             ..InputConfig::default()
@@ -377,7 +377,7 @@ pub async fn prepare_topics(config: &Config) -> Result<(), ServiceError> {
         &config.kafka.client,
         &topic_specs(config),
         -1,
-        config.message_max_bytes()?,
+        config.kafka.message_max_bytes()?,
     )
     .await?;
     Ok(())
