@@ -11,7 +11,7 @@ use rdkafka::consumer::Consumer;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, ConfigError, StoreKind};
+use crate::config::{Config, ConfigError, KafkaConfig, StoreKind};
 use crate::delay_tier::{self, DelayTopics, Tiers};
 use crate::deliver::{self, DeliverDeps};
 use crate::fanout::{self, FanoutTopics};
@@ -270,21 +270,12 @@ pub async fn start(
 
     if role.includes(Role::Fanout) {
         let consumer = stage_consumer(config, &k.group("fanout"), "fanout", kafka::HOT_FETCH)?;
-        let mut inputs: Vec<String> = k.input_topics.clone();
-        inputs.push(k.topics.events.clone());
-        if let Some(pattern) = &k.input_pattern {
-            // librdkafka treats a subscription starting with `^` as a regex.
-            inputs.push(if pattern.starts_with('^') {
-                pattern.clone()
-            } else {
-                format!("^{pattern}")
-            });
-        }
+        let inputs = fanout_subscription(k);
         let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
         consumer.subscribe(&refs)?;
         let input = InputConfig {
             max_payload: usize::try_from(config.http.max_payload_bytes).unwrap_or(usize::MAX),
-            max_record: usize::try_from(config.message_max_bytes()?).unwrap_or(usize::MAX),
+            max_record: usize::try_from(config.kafka.message_max_bytes()?).unwrap_or(usize::MAX),
             type_header: k.outbox.type_header.clone(),
             tenant_header: k.outbox.tenant_header.clone(),
             ..InputConfig::default()
@@ -328,31 +319,7 @@ pub async fn start(
     if role.includes(Role::Deliver) {
         let consumer = stage_consumer(config, &k.group("deliver"), "deliver", kafka::HOT_FETCH)?;
         consumer.subscribe(&[k.topics.deliveries.as_str()])?;
-        let lanes = LanesConfig {
-            breaker: breaker_config(&config.delivery),
-            ..LanesConfig::default()
-        };
-        let deps = Arc::new(DeliverDeps {
-            endpoints: view.clone(),
-            endpoint_writer: endpoints.clone(),
-            store: store.clone(),
-            sender: sender(config)?,
-            policy: config.retry.policy(),
-            tiers: tiers.clone(),
-            dlq_topic: Arc::from(k.topics.dlq.as_str()),
-            invalid_topic: Arc::from(k.topics.invalid.as_str()),
-            lanes,
-            default_max_in_flight: config.delivery.max_in_flight,
-            max_window: config.delivery.partition_max_in_flight as usize,
-            // A healthy endpoint's burst may wait in its lane up to the partition's window and
-            // what the stage still takes after pausing the partition (the partition pauses,
-            // nothing parks); a stalled endpoint's records park instead.
-            lane_queue: config.delivery.partition_max_in_flight as usize
-                + crate::intake::TAKEN_AFTER_PAUSE,
-            stall_after: config.delivery.stall_after,
-            stalled_wait: config.http.total_timeout,
-            drain_deadline: config.http.total_timeout + Duration::from_secs(5),
-        });
+        let deps = deliver_deps(config, &view, &endpoints, &store, &tiers)?;
         spawn_stage(
             tasks,
             shutdown,
@@ -369,6 +336,58 @@ pub async fn start(
     })
 }
 
+/// The names the fan-out subscribes to: the input topics, the native events topic, and the input
+/// pattern (librdkafka treats a subscription starting with `^` as a regex).
+fn fanout_subscription(k: &KafkaConfig) -> Vec<String> {
+    let mut inputs: Vec<String> = k.input_topics.clone();
+    inputs.push(k.topics.events.clone());
+    if let Some(pattern) = &k.input_pattern {
+        inputs.push(if pattern.starts_with('^') {
+            pattern.clone()
+        } else {
+            format!("^{pattern}")
+        });
+    }
+    inputs
+}
+
+/// What the deliver stage is given: the registry, the store, the sender, and its limits from
+/// `[retry]`, `[delivery]` and `[http]`.
+fn deliver_deps(
+    config: &Config,
+    view: &Arc<EndpointView>,
+    endpoints: &Arc<dyn EndpointStore>,
+    store: &Arc<dyn DeliveryStore>,
+    tiers: &Arc<Tiers>,
+) -> Result<Arc<DeliverDeps>, ServiceError> {
+    let k = &config.kafka;
+    let lanes = LanesConfig {
+        breaker: breaker_config(&config.delivery),
+        ..LanesConfig::default()
+    };
+    Ok(Arc::new(DeliverDeps {
+        endpoints: view.clone(),
+        endpoint_writer: endpoints.clone(),
+        store: store.clone(),
+        sender: sender(config)?,
+        policy: config.retry.policy(),
+        tiers: tiers.clone(),
+        dlq_topic: Arc::from(k.topics.dlq.as_str()),
+        invalid_topic: Arc::from(k.topics.invalid.as_str()),
+        lanes,
+        default_max_in_flight: config.delivery.max_in_flight,
+        max_window: config.delivery.partition_max_in_flight as usize,
+        // A healthy endpoint's burst may wait in its lane up to the partition's window and
+        // what the stage still takes after pausing the partition (the partition pauses,
+        // nothing parks); a stalled endpoint's records park instead.
+        lane_queue: config.delivery.partition_max_in_flight as usize
+            + crate::intake::TAKEN_AFTER_PAUSE,
+        stall_after: config.delivery.stall_after,
+        stalled_wait: config.http.total_timeout,
+        drain_deadline: config.http.total_timeout + Duration::from_secs(5),
+    }))
+}
+
 /// Creates the topics on a real cluster (auto-create is off in production), with the
 /// broker's default replication factor.
 pub async fn prepare_topics(config: &Config) -> Result<(), ServiceError> {
@@ -377,7 +396,7 @@ pub async fn prepare_topics(config: &Config) -> Result<(), ServiceError> {
         &config.kafka.client,
         &topic_specs(config),
         -1,
-        config.message_max_bytes()?,
+        config.kafka.message_max_bytes()?,
     )
     .await?;
     Ok(())

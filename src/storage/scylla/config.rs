@@ -239,26 +239,7 @@ pub const MAX_NODES: usize = 64;
 impl ScyllaConfig {
     /// Checks every value; the error names the key and says what is accepted.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.nodes.is_empty() {
-            return Err(invalid("nodes", "must list at least one host:port"));
-        }
-        if self.nodes.len() > MAX_NODES {
-            return Err(invalid(
-                "nodes",
-                format!("must list at most {MAX_NODES} contact points"),
-            ));
-        }
-        if let Some((i, bad)) = self
-            .nodes
-            .iter()
-            .enumerate()
-            .find(|(_, n)| !looks_like_host_port(n))
-        {
-            return Err(invalid(
-                format!("nodes[{i}]"),
-                format!("= {bad:?} is not host:port (e.g. \"10.0.0.1:9042\")"),
-            ));
-        }
+        self.validate_nodes()?;
         if !valid_keyspace(&self.keyspace) {
             return Err(invalid(
                 "keyspace",
@@ -306,34 +287,7 @@ impl ScyllaConfig {
             return Err(invalid("local_dc", "must not be empty when set"));
         }
         self.validate_login()?;
-        if let Some(tls) = &self.tls {
-            for (key, path) in [
-                ("tls.ca_file", &tls.ca_file),
-                ("tls.cert_file", &tls.cert_file),
-                ("tls.key_file", &tls.key_file),
-            ] {
-                if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
-                    return Err(invalid(key, "must not be empty when set"));
-                }
-            }
-            match (&tls.cert_file, &tls.key_file) {
-                (Some(_), None) => {
-                    return Err(invalid(
-                        "tls.key_file",
-                        "is missing: tls.cert_file is set, and a certificate is presented \
-                         with its private key",
-                    ));
-                }
-                (None, Some(_)) => {
-                    return Err(invalid(
-                        "tls.cert_file",
-                        "is missing: tls.key_file is set, but not the certificate it belongs to",
-                    ));
-                }
-                _ => {}
-            }
-            tls.server_name()?;
-        }
+        self.validate_tls()?;
         if self.startup_wait > MAX_STARTUP_WAIT {
             return Err(invalid(
                 "startup_wait",
@@ -343,6 +297,65 @@ impl ScyllaConfig {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Between one and [`MAX_NODES`] contact points, each `host:port`.
+    fn validate_nodes(&self) -> Result<(), ConfigError> {
+        if self.nodes.is_empty() {
+            return Err(invalid("nodes", "must list at least one host:port"));
+        }
+        if self.nodes.len() > MAX_NODES {
+            return Err(invalid(
+                "nodes",
+                format!("must list at most {MAX_NODES} contact points"),
+            ));
+        }
+        if let Some((i, bad)) = self
+            .nodes
+            .iter()
+            .enumerate()
+            .find(|(_, n)| !looks_like_host_port(n))
+        {
+            return Err(invalid(
+                format!("nodes[{i}]"),
+                format!("= {bad:?} is not host:port (e.g. \"10.0.0.1:9042\")"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// When TLS is on: no empty paths, a certificate only with its key, a usable server name.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let Some(tls) = &self.tls else {
+            return Ok(());
+        };
+        for (key, path) in [
+            ("tls.ca_file", &tls.ca_file),
+            ("tls.cert_file", &tls.cert_file),
+            ("tls.key_file", &tls.key_file),
+        ] {
+            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(invalid(key, "must not be empty when set"));
+            }
+        }
+        match (&tls.cert_file, &tls.key_file) {
+            (Some(_), None) => {
+                return Err(invalid(
+                    "tls.key_file",
+                    "is missing: tls.cert_file is set, and a certificate is presented \
+                     with its private key",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "tls.cert_file",
+                    "is missing: tls.key_file is set, but not the certificate it belongs to",
+                ));
+            }
+            _ => {}
+        }
+        tls.server_name()?;
         Ok(())
     }
 
