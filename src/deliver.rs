@@ -43,7 +43,8 @@ use crate::retry_policy::{Decision, RetryPolicy, classify};
 use crate::sender::{OutboundRequest, Sender, Target};
 use crate::signing::{Ed25519SigningKey, Signer, SignerKey, SigningKey, SigningSecret};
 use crate::stage::{
-    Outgoing, RebalanceEvent, Settlements, StageConsumer, Tp, outgoing, produce_until_acked,
+    Outgoing, RebalanceEvent, Settlements, StageConsumer, Tp, invalid_forward, outgoing,
+    produce_until_acked,
 };
 use crate::storage::{AttemptOutcome, AttemptRow, DeliveryStore, RecordPosition};
 use crate::telemetry::{self, ParkReason};
@@ -823,22 +824,15 @@ impl Stage {
             Err(e) => {
                 tracing::warn!(topic = %tp.0, partition = tp.1, offset, error = %e,
                     "undecodable delivery record; sending it to the invalid topic");
-                let headers = rdkafka::message::OwnedHeaders::new()
-                    .insert(rdkafka::message::Header {
-                        key: crate::input::INVALID_REASON_HEADER,
-                        value: Some("bad_delivery_record"),
-                    })
-                    .insert(rdkafka::message::Header {
-                        key: crate::input::INVALID_DETAIL_HEADER,
-                        value: Some(e.to_string().as_str()),
-                    });
                 let (key, payload) = raw.unwrap_or_default();
-                let out = Outgoing {
-                    topic: self.deps.invalid_topic.clone(),
-                    key: key.unwrap_or_default(),
-                    headers,
-                    payload: payload.unwrap_or_default(),
-                };
+                let out = invalid_forward(
+                    self.deps.invalid_topic.clone(),
+                    key.unwrap_or_default(),
+                    rdkafka::message::OwnedHeaders::new(),
+                    payload.unwrap_or_default(),
+                    "bad_delivery_record",
+                    &e.to_string(),
+                );
                 self.produce_then_settle(tp, offset, out);
                 return;
             }

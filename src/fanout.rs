@@ -14,7 +14,6 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use rdkafka::Message;
-use rdkafka::message::Header;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -22,9 +21,9 @@ use crate::id::{EventId, Tenant};
 use crate::input::{InputConfig, InputEvent, InvalidInput, parse_message};
 use crate::record::{DeliveryRecord, Origin, UnixMillis};
 use crate::registry::{EndpointView, ViewStatus};
-use crate::stage::outgoing;
 use crate::stage::{
-    Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked,
+    Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, invalid_forward, outgoing,
+    produce_until_acked,
 };
 use crate::subscription::{SubscriptionIndex, parse_filters};
 use crate::telemetry;
@@ -238,19 +237,14 @@ fn invalid_record(
         ));
         value = &[];
     }
-    let mut headers = msg.headers().map(|h| h.detach()).unwrap_or_default();
-    for (key, value) in invalid.headers() {
-        headers = headers.insert(Header {
-            key,
-            value: Some(value.as_str()),
-        });
-    }
-    Outgoing {
-        topic: topic.clone(),
-        key: key.to_vec(),
-        headers,
-        payload: bytes::Bytes::copy_from_slice(value),
-    }
+    invalid_forward(
+        topic.clone(),
+        key.to_vec(),
+        msg.headers().map(|h| h.detach()).unwrap_or_default(),
+        bytes::Bytes::copy_from_slice(value),
+        &invalid.reason.code(),
+        &invalid.detail,
+    )
 }
 
 /// Runs the fan-out stage until `shutdown`, then waits (bounded) for records under way and
