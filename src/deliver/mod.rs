@@ -10,22 +10,22 @@
 //! partition never wait behind it for the HTTP timeout. An endpoint that answers, but slower
 //! than its records arrive (a rate limit, or few request slots and long answers), keeps queued
 //! only what it sends within the shortest tier; the rest is parked until its turn (see
-//! [`turn`]), so its backlog does not fill the partition's window either.
+//! `turn`), so its backlog does not fill the partition's window either.
 //!
 //! Settled means: the attempt row is durable in the store AND the follow-up record (a retry in a
 //! delay tier, or the DLQ record) is acknowledged by the broker; or a parked copy is
 //! acknowledged. Nothing else moves the offset.
 //!
 //! Where each part lives:
-//! - [`stage`]: the stage loop: taking records, queueing them per endpoint, dispatching them
+//! - `stage`: the stage loop: taking records, queueing them per endpoint, dispatching them
 //!   to their lanes, applying what the tasks report.
-//! - [`attempt`]: one attempt and its settling: send, classify, log, build the follow-up.
-//! - [`request`]: the signed request, and the send plan an endpoint's attempts share.
-//! - [`task`]: the tasks the stage spawns, the lane slot each holds, and how a panic in one is
+//! - `attempt`: one attempt and its settling: send, classify, log, build the follow-up.
+//! - `request`: the signed request, and the send plan an endpoint's attempts share.
+//! - `task`: the tasks the stage spawns, the lane slot each holds, and how a panic in one is
 //!   contained.
-//! - [`parking`]: parking records in the delay tiers.
-//! - [`turn`]: the turns of endpoints that send slower than their records arrive.
-//! - [`view_wait`]: deliveries waiting for the endpoint view to be confirmed current.
+//! - `parking`: parking records in the delay tiers.
+//! - `turn`: the turns of endpoints that send slower than their records arrive.
+//! - `view_wait`: deliveries waiting for the endpoint view to be confirmed current.
 
 use std::sync::Arc;
 use std::time::Duration;
