@@ -36,7 +36,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::record::DeliveryRecord;
 use crate::stage::{
-    Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked,
+    Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, invalid_forward,
+    produce_until_acked,
 };
 
 /// One delay tier.
@@ -300,10 +301,9 @@ async fn stage(
                     Err(e) => {
                         tracing::warn!(topic = %tp.0, partition = tp.1, offset, error = %e,
                             "undecodable record in a delay tier; sending it to the invalid topic");
-                        let headers = headers
-                            .insert(rdkafka::message::Header { key: crate::input::INVALID_REASON_HEADER, value: Some("bad_delivery_record") })
-                            .insert(rdkafka::message::Header { key: crate::input::INVALID_DETAIL_HEADER, value: Some(e.to_string().as_str()) });
-                        (Outgoing { topic: topics.invalid.clone(), key, headers, payload }, now)
+                        let out = invalid_forward(topics.invalid.clone(), key, headers, payload,
+                            "bad_delivery_record", &e.to_string());
+                        (out, now)
                     }
                 };
                 let part = parts.entry(tp.clone()).or_default();

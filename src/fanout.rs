@@ -7,14 +7,13 @@
 //! point re-reads the event and produces the same delivery ids again. A record that is not an
 //! event goes to the invalid topic with a reason header; the partition moves on.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use rdkafka::Message;
-use rdkafka::message::Header;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -22,9 +21,9 @@ use crate::id::{EventId, Tenant};
 use crate::input::{InputConfig, InputEvent, InvalidInput, parse_message};
 use crate::record::{DeliveryRecord, Origin, UnixMillis};
 use crate::registry::{EndpointView, ViewStatus};
-use crate::stage::outgoing;
 use crate::stage::{
-    Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, produce_until_acked,
+    Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, invalid_forward, outgoing,
+    produce_until_acked,
 };
 use crate::subscription::{SubscriptionIndex, parse_filters};
 use crate::telemetry;
@@ -238,18 +237,92 @@ fn invalid_record(
         ));
         value = &[];
     }
-    let mut headers = msg.headers().map(|h| h.detach()).unwrap_or_default();
-    for (key, value) in invalid.headers() {
-        headers = headers.insert(Header {
-            key,
-            value: Some(value.as_str()),
-        });
+    invalid_forward(
+        topic.clone(),
+        key.to_vec(),
+        msg.headers().map(|h| h.detach()).unwrap_or_default(),
+        bytes::Bytes::copy_from_slice(value),
+        &invalid.reason.code(),
+        &invalid.detail,
+    )
+}
+
+/// What the input record `msg`, at the offset of `tp` it was read from, comes to: one delivery
+/// record per endpoint subscribed to its event (none when no endpoint is), or, when it is not
+/// an event, the record itself forwarded to the invalid topic. `None` for an event this
+/// partition has fanned out already.
+fn records_for(
+    msg: &rdkafka::message::BorrowedMessage<'_>,
+    tp: &Tp,
+    input: &InputConfig,
+    topics: &FanoutTopics,
+    index: &SubscriptionIndex,
+    recent: &mut HashMap<Tp, Recent>,
+) -> Option<Vec<Outgoing>> {
+    let offset = msg.offset();
+    match parse_message(input, msg, SystemTime::now()) {
+        Ok(event) => {
+            if !recent
+                .entry(tp.clone())
+                .or_default()
+                .insert(&event.tenant, &event.id)
+            {
+                tracing::debug!(event_id = %event.id, "repeated event id; already fanned out");
+                return None;
+            }
+            let origin = Some(Origin {
+                topic: tp.0.to_string(),
+                partition: tp.1,
+                offset,
+            });
+            let records = fan_out(&event, index, origin, &topics.deliveries);
+            telemetry::fanned_out(records.len());
+            Some(records)
+        }
+        Err(invalid) => {
+            telemetry::invalid_record(&tp.0, tp.1, offset, invalid.reason.kind(), &invalid.detail);
+            Some(vec![invalid_record(
+                msg,
+                invalid,
+                &topics.invalid,
+                input.max_record,
+            )])
+        }
     }
-    Outgoing {
-        topic: topic.clone(),
-        key: key.to_vec(),
-        headers,
-        payload: bytes::Bytes::copy_from_slice(value),
+}
+
+/// A batch of records produced for one input record, once the broker has answered for all of
+/// them: the input record at `offset` of `tp` settles if every one was `acked`; `bytes` are no
+/// longer held.
+struct Sent {
+    tp: Tp,
+    offset: i64,
+    acked: bool,
+    bytes: usize,
+}
+
+/// Produces `records`, made from the input record at `offset` of `tp`, each until the broker
+/// acknowledges it or `stop` fires, and says what the batch came to.
+async fn send_all(
+    producer: crate::kafka::Producer,
+    stop: CancellationToken,
+    tp: Tp,
+    offset: i64,
+    records: Vec<Outgoing>,
+) -> Sent {
+    let bytes = record_bytes(&records);
+    let sends = records
+        .into_iter()
+        .map(|r| produce_until_acked(&producer, r, &stop));
+    let acked = futures::future::join_all(sends)
+        .await
+        .into_iter()
+        .all(|ok| ok);
+    Sent {
+        tp,
+        offset,
+        acked,
+        bytes,
     }
 }
 
@@ -268,31 +341,15 @@ pub async fn run(
     let mut subs = Subscriptions::new(view);
     let mut settlements = Settlements::new("fanout", MAX_WINDOW);
     let mut held = HeldBytes::new(max_held_bytes);
-    let mut recent: std::collections::HashMap<Tp, Recent> = std::collections::HashMap::new();
+    let mut recent: HashMap<Tp, Recent> = HashMap::new();
     let mut pending = FuturesUnordered::new();
     let stop = CancellationToken::new();
-    let send_all = |tp: Tp, offset: i64, records: Vec<Outgoing>| {
-        let producer = producer.clone();
-        let stop = stop.clone();
-        let bytes = record_bytes(&records);
-        let sent = async move {
-            let sends = records
-                .into_iter()
-                .map(|r| produce_until_acked(&producer, r, &stop));
-            let acked = futures::future::join_all(sends)
-                .await
-                .into_iter()
-                .all(|ok| ok);
-            (tp, offset, acked, bytes)
-        };
-        (sent, bytes)
-    };
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
-            Some((tp, offset, acked, bytes)) = pending.next() => {
+            Some(Sent { tp, offset, acked, bytes }) = pending.next() => {
                 if acked {
                     settlements.settle(&tp, offset);
                 }
@@ -321,31 +378,15 @@ pub async fn run(
                     continue;
                 }
                 subs.refresh();
-                match parse_message(&input, &msg, SystemTime::now()) {
-                    Ok(event) => {
-                        if !recent.entry(tp.clone()).or_default().insert(&event.tenant, &event.id) {
-                            tracing::debug!(event_id = %event.id, "repeated event id; already fanned out");
-                            settlements.settle(&tp, offset);
-                            continue;
-                        }
-                        let origin = Some(Origin { topic: tp.0.to_string(), partition: tp.1, offset });
-                        let records = fan_out(&event, &subs.index, origin, &topics.deliveries);
-                        telemetry::fanned_out(records.len());
-                        if records.is_empty() {
-                            settlements.settle(&tp, offset);
-                        } else {
-                            let (sent, bytes) = send_all(tp, offset, records);
-                            pending.push(sent);
-                            held.add(bytes);
-                        }
-                    }
-                    Err(invalid) => {
-                        telemetry::invalid_record(&tp.0, tp.1, offset, invalid.reason.kind(), &invalid.detail);
-                        let out = invalid_record(&msg, invalid, &topics.invalid, input.max_record);
-                        let (sent, bytes) = send_all(tp, offset, vec![out]);
-                        pending.push(sent);
-                        held.add(bytes);
-                    }
+                let Some(records) = records_for(&msg, &tp, &input, &topics, &subs.index, &mut recent) else {
+                    settlements.settle(&tp, offset);
+                    continue;
+                };
+                if records.is_empty() {
+                    settlements.settle(&tp, offset);
+                } else {
+                    held.add(record_bytes(&records));
+                    pending.push(send_all(producer.clone(), stop.clone(), tp, offset, records));
                 }
                 held.apply(&mut settlements, &consumer);
             }
@@ -355,7 +396,7 @@ pub async fn run(
     tokio::pin!(deadline);
     while !pending.is_empty() {
         tokio::select! {
-            Some((tp, offset, acked, _)) = pending.next() => if acked { settlements.settle(&tp, offset) },
+            Some(Sent { tp, offset, acked, .. }) = pending.next() => if acked { settlements.settle(&tp, offset) },
             () = &mut deadline => { stop.cancel(); break; }
         }
     }

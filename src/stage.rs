@@ -9,12 +9,13 @@ use std::time::Duration;
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::OwnedHeaders;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
+use crate::input::{INVALID_DETAIL_HEADER, INVALID_REASON_HEADER};
 use crate::offsets::{OffsetError, OffsetTracker};
 use crate::record::DeliveryRecord;
 use crate::telemetry;
@@ -568,6 +569,34 @@ pub fn outgoing(topic: Arc<str>, record: &DeliveryRecord) -> Outgoing {
     }
 }
 
+/// The record forwarded to the invalid topic `topic` in place of one a stage cannot read: the
+/// original's `key`, `headers` and `payload`, with [`INVALID_REASON_HEADER`] (`reason`, for
+/// machines) and [`INVALID_DETAIL_HEADER`] (`detail`, for operators) added after its headers.
+pub fn invalid_forward(
+    topic: Arc<str>,
+    key: Vec<u8>,
+    headers: OwnedHeaders,
+    payload: bytes::Bytes,
+    reason: &str,
+    detail: &str,
+) -> Outgoing {
+    let headers = headers
+        .insert(Header {
+            key: INVALID_REASON_HEADER,
+            value: Some(reason),
+        })
+        .insert(Header {
+            key: INVALID_DETAIL_HEADER,
+            value: Some(detail),
+        });
+    Outgoing {
+        topic,
+        key,
+        headers,
+        payload,
+    }
+}
+
 /// Produces `record` and waits for the broker's acknowledgement, retrying with backoff until it
 /// is acknowledged or `shutdown` fires (then `false`: the caller must not settle).
 ///
@@ -652,6 +681,40 @@ mod tests {
 
     fn tp() -> Tp {
         (Arc::from("deliveries"), 0)
+    }
+
+    #[test]
+    fn an_invalid_forward_keeps_the_original_and_adds_reason_then_detail() {
+        use rdkafka::message::Headers as _;
+        let original = OwnedHeaders::new().insert(Header {
+            key: "traceparent",
+            value: Some("00-abc"),
+        });
+        let out = invalid_forward(
+            Arc::from("hookline.invalid"),
+            b"k".to_vec(),
+            original,
+            bytes::Bytes::from_static(b"{"),
+            "bad_delivery_record",
+            "EOF while parsing",
+        );
+        let headers: Vec<(&str, &[u8])> = out
+            .headers
+            .iter()
+            .map(|h| (h.key, h.value.unwrap_or_default()))
+            .collect();
+        assert_eq!(
+            headers,
+            [
+                ("traceparent", &b"00-abc"[..]),
+                (INVALID_REASON_HEADER, b"bad_delivery_record"),
+                (INVALID_DETAIL_HEADER, b"EOF while parsing"),
+            ]
+        );
+        assert_eq!(
+            (&*out.topic, &out.key[..], &out.payload[..]),
+            ("hookline.invalid", &b"k"[..], &b"{"[..])
+        );
     }
 
     #[test]
