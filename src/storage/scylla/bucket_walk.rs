@@ -92,6 +92,12 @@ struct BucketPage<R> {
     more: Option<PagingState>,
 }
 
+/// Where a bucket handed out in part goes on.
+struct BucketRest {
+    bucket: CqlTimestamp,
+    from: PagingState,
+}
+
 /// Reads pages of an endpoint's buckets of one table, each request under one permit.
 struct BucketReader<'s> {
     store: &'s ScyllaStore,
@@ -165,7 +171,7 @@ pub(super) struct BucketWalk<'s, R> {
     /// Pages read but not handed out yet, in order.
     ready: VecDeque<BucketPage<R>>,
     /// The bucket handed out last, when it has more pages: they come before `ready`.
-    rest: Option<(CqlTimestamp, PagingState)>,
+    rest: Option<BucketRest>,
     buckets_read: usize,
     rows_read: usize,
 }
@@ -177,7 +183,7 @@ where
     /// The next page's rows, `None` at the end. `wanted` is how many more rows the caller
     /// expects to need; it only sizes the next round of reads.
     pub(super) async fn next_page(&mut self, wanted: usize) -> Result<Option<Vec<R>>, StoreError> {
-        let page = if let Some((bucket, from)) = self.rest.take() {
+        let page = if let Some(BucketRest { bucket, from }) = self.rest.take() {
             Some(self.reader.page(bucket, from).await?)
         } else {
             if self.ready.is_empty() {
@@ -187,7 +193,10 @@ where
         };
         Ok(page.map(|page| {
             if let Some(from) = page.more {
-                self.rest = Some((page.bucket, from));
+                self.rest = Some(BucketRest {
+                    bucket: page.bucket,
+                    from,
+                });
             }
             page.rows
         }))
