@@ -10,7 +10,7 @@ use crate::dead_reason::DeadReason;
 use crate::id::DeliveryId;
 
 /// Width of the time buckets that partition an endpoint's history and dead letters: one
-/// minute, so one endpoint taking 1,000 deliveries/s fills a partition with 60,000 entries. Part
+/// minute, so a busy endpoint's partition holds a minute of entries, not a day's. Part
 /// of schema version 2 (`schemas/cql/002_history_buckets.cql`), not a setting: rows are found
 /// by recomputing their bucket, so another width would orphan every row written with this one.
 pub const BUCKET_MS: i64 = 60_000;
@@ -126,6 +126,22 @@ impl BucketKey {
             delivery_id,
         })
     }
+}
+
+/// The `status` column of an HTTP status.
+pub fn status_col(status: Option<u16>) -> Option<i32> {
+    status.map(i32::from)
+}
+
+/// The HTTP status a `status` column holds; `None` for one out of range.
+pub fn status_from_col(status: Option<i32>) -> Option<u16> {
+    status.and_then(|s| u16::try_from(s).ok())
+}
+
+/// The `attempt` column of an attempt number.
+pub fn attempt_col(attempt: u32) -> Result<i32, StoreError> {
+    i32::try_from(attempt)
+        .map_err(|_| StoreError::Backend(format!("attempt number {attempt} exceeds CQL int")))
 }
 
 /// The `outcome`, `next_attempt_at` and `dead_reason` columns of an attempt row.
