@@ -15,7 +15,7 @@
 //!    tail). With `HOOKLINE_BENCH_AHEAD=0` every event is produced at once, as before
 //!    2026-12-06: the fan-out then finishes its backlog within the first seconds and most of the
 //!    window is the delivery stage alone draining the deliveries topic, a rate no steady load
-//!    keeps up with (see the README's Benchmarks);
+//!    keeps up with (see docs/benchmarks.md);
 //! 4. latency: events paced at half the sustained rate; event-to-delivery latency is the
 //!    receiver's arrival time minus the time the bench handed the event to its producer. A 5 s
 //!    warm-up at the same pace goes first and is not measured, since the throughput run does not
@@ -1166,7 +1166,7 @@ const HOST_DRIFT: f64 = 1.2;
 /// between the broker's session and the bench's before it is shared between their threads, and
 /// on 2026-12-06 the test broker's young collections, which stop every request while they run,
 /// took up to 80-147 ms in each of five runs at 22,000 deliveries/s against 19-34 ms with the
-/// groups off (alternating runs, the same broker). See the README's benchmark notes.
+/// groups off (alternating runs, the same broker). See docs/benchmarks.md.
 fn autogroups() -> Option<bool> {
     match std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
         .ok()?

@@ -423,6 +423,17 @@ mod tests {
     }
 
     #[test]
+    fn tier_names_are_short_and_exact() {
+        let n = |s| tier_name(Duration::from_millis(s));
+        assert_eq!(n(5_000), "5s");
+        assert_eq!(n(90_000), "90s");
+        assert_eq!(n(120_000), "2m");
+        assert_eq!(n(6 * 3_600_000), "6h");
+        assert_eq!(n(86_400_000), "1d");
+        assert_eq!(n(1_500), "1500ms");
+    }
+
+    #[test]
     fn records_go_back_in_offset_order_when_due_never_before() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let mut p = Partition::default();

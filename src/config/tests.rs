@@ -667,14 +667,3 @@ fn an_env_variable_below_a_value_is_named() {
          HOOKLINE_KAFKA__PARTITIONS__X)"
     );
 }
-
-#[test]
-fn tier_names_are_short_and_exact() {
-    let n = |s| tier_name(Duration::from_millis(s));
-    assert_eq!(n(5_000), "5s");
-    assert_eq!(n(90_000), "90s");
-    assert_eq!(n(120_000), "2m");
-    assert_eq!(n(6 * 3_600_000), "6h");
-    assert_eq!(n(86_400_000), "1d");
-    assert_eq!(n(1_500), "1500ms");
-}

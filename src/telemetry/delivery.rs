@@ -209,7 +209,7 @@ mod tests {
     use metrics_exporter_prometheus::PrometheusBuilder;
 
     /// The park reasons are the `reason` label of `hookline_parked_total`, which operators'
-    /// queries select on (the README's among them): pinned here, like the other label enums'.
+    /// queries select on (the operations guide's among them): pinned here, like the other label enums'.
     #[test]
     fn park_reason_strings_are_stable() {
         let all: Vec<&str> = ParkReason::all().map(ParkReason::as_str).collect();
