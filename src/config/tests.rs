@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use super::env::SECTIONS;
 use super::*;
-use crate::delay_tier::tier_name;
 use crate::id::Tenant;
 use crate::retry_policy::RetryPolicy;
 
