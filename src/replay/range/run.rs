@@ -7,6 +7,7 @@ use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::Message;
 use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
 
 use super::super::audit::{new_replay_id, record_audit};
 use super::super::consumer::{POLL_WAIT, read_error_is_final};
@@ -15,11 +16,88 @@ use super::super::republisher::Republisher;
 use super::super::{
     Incomplete, ReplayError, ReplayRequest, ReplaySummary, ReplayTarget, StopCause,
 };
-use super::window::{Covered, SEND_STEP, Window, send};
+use super::window::{Covered, SEND_STEP, Sent, Window, send};
 use super::{Checked, Progress};
 use crate::record::DeliveryRecord;
-use crate::storage::{DeliveryStore, ReplayAudit};
+use crate::storage::{DeliveryStore, ReplayAudit, StoreError};
 use crate::telemetry;
+
+/// What a range replay has counted, as it reads records and their sends settle.
+struct Tally {
+    summary: ReplaySummary,
+    covered: Covered,
+    window: Window,
+}
+
+impl Tally {
+    /// Counts a finished send: the record's offset, and how its send ended.
+    fn settle(&mut self, (offset, sent): (i64, Sent)) {
+        self.window
+            .settle(offset, sent, &mut self.summary, &mut self.covered);
+    }
+
+    /// How the replay ended, given why the reader stopped (if it did) and the first offset it
+    /// did not read. A failed send stops the replay at its offset, below anything the reader
+    /// reached.
+    fn end(mut self, read_stop: Option<StopCause>, next: i64) -> Ended {
+        let stop = match self.window.failed.take() {
+            Some((offset, cause)) => Some(Stop {
+                cause,
+                resume_from: offset,
+                past: self.window.sent_past(offset),
+            }),
+            None => read_stop.map(|cause| Stop {
+                cause,
+                resume_from: next,
+                past: 0,
+            }),
+        };
+        Ended {
+            summary: self.summary,
+            covered: self.covered,
+            stop,
+        }
+    }
+}
+
+/// Where a range replay's reader is in the DLQ.
+struct Reader {
+    /// The first offset the reader has not read: past every record read, each of them
+    /// covered (filtered, skipped, counted) or among the window's sends.
+    next: i64,
+    /// When the DLQ last handed a record over, moved on by the time spent waiting for sends.
+    heard_at: Instant,
+    /// The latest error the consumer reported since the last record: librdkafka goes on
+    /// fetching after most of them, so they stop the replay only once it has gone idle.
+    failing: Option<KafkaError>,
+}
+
+/// What one poll of the DLQ gave the reader.
+enum Polled<'c> {
+    /// A record.
+    Record(BorrowedMessage<'c>),
+    /// Nothing to read yet; the rest of the range may still come.
+    Nothing,
+    /// The reading stops here.
+    Stop(StopCause),
+}
+
+/// Where a range replay that stopped short stopped, and why.
+struct Stop {
+    cause: StopCause,
+    /// The first offset not covered, where a new replay resumes.
+    resume_from: i64,
+    /// How many records after `resume_from` were republished all the same.
+    past: u64,
+}
+
+/// What a range replay's reading and sending came to.
+struct Ended {
+    summary: ReplaySummary,
+    covered: Covered,
+    /// `None` when it reached the end of its range.
+    stop: Option<Stop>,
+}
 
 impl Checked<'_> {
     /// Republishes the checked range (unless a dry run) and records the audit entry in `store`.
@@ -30,191 +108,224 @@ impl Checked<'_> {
         store: &dyn DeliveryStore,
         progress: &mut P,
     ) -> Result<ReplaySummary, ReplayError> {
-        let Checked {
-            target,
-            request,
-            consumer,
-            last,
-            total,
-            idle_limit,
-            publish_deadline,
-            window,
-        } = self;
         let replay_id = new_replay_id();
-        let republisher = Republisher::new(target)?;
-        let mut summary = ReplaySummary {
-            replay_id: replay_id.clone(),
-            scanned: 0,
-            replayed: 0,
-            filtered: 0,
-            undecodable: 0,
-            skipped_being_replayed: 0,
-            last_offset: last,
-        };
-        // The first offset the reader has not read: past every record read, each of them
-        // covered (filtered, skipped, counted) or among `window`'s sends.
-        let mut next = request.from_offset;
-        let mut heard_at = Instant::now();
-        let mut covered = Covered::default();
-        let mut window = Window::new(window);
-        let mut sends = FuturesUnordered::new();
-        // The latest error the consumer reported since the last record: librdkafka goes on
-        // fetching after most of them, so they stop the replay only once it has gone idle.
-        let mut failing: Option<KafkaError> = None;
-        let read_stop = loop {
-            // Take in the sends that finished; after a failed one, read no further.
-            while let Some(Some((offset, sent))) = sends.next().now_or_never() {
-                window.settle(offset, sent, &mut summary, &mut covered);
-            }
-            if window.failed.is_some() || next > last {
-                break None;
-            }
-            if window.is_full(next) {
-                // Waiting for a send is not waiting for the DLQ: it does not count towards the
-                // idle limit.
-                let waiting = Instant::now();
-                if let Some((offset, sent)) = sends.next().await {
-                    window.settle(offset, sent, &mut summary, &mut covered);
-                }
-                heard_at += waiting.elapsed();
-                continue;
-            }
-            let busy = !sends.is_empty();
-            let wait = if busy {
-                Duration::ZERO
-            } else {
-                idle_limit.saturating_sub(heard_at.elapsed()).min(POLL_WAIT)
-            };
-            // The consumer's poll blocks; keep it off the async workers' backs.
-            let read_failed = |source| StopCause::Read {
-                bootstrap: target.bootstrap.clone(),
-                source,
-            };
-            let msg = match tokio::task::block_in_place(|| consumer.poll(wait)) {
-                Some(Ok(m)) => m,
-                Some(Err(source)) if read_error_is_final(&source) => {
-                    break Some(read_failed(source));
-                }
-                // Nothing yet; the end of partition before `last`, which is the end of what the
-                // replica being read holds so far (a follower behind its leader); or an error
-                // librdkafka retries by itself. The rest of the range may still come, within
-                // the idle limit; past it, the replay stops on the last such error, if any.
-                polled => {
-                    if let Some(Err(source)) = polled
-                        && !matches!(source, KafkaError::PartitionEOF(_))
-                    {
-                        tracing::warn!(error = %source, partition = request.partition, offset = next,
-                            "reading the DLQ failed; retrying");
-                        failing = Some(source);
-                    }
-                    if heard_at.elapsed() >= idle_limit {
-                        break Some(
-                            failing
-                                .take()
-                                .map_or(StopCause::Idle(idle_limit), read_failed),
-                        );
-                    }
-                    if busy {
-                        // Nothing to read at once: give the sends a moment instead.
-                        let step = idle_limit.saturating_sub(heard_at.elapsed()).min(SEND_STEP);
-                        if let Ok(Some((offset, sent))) =
-                            tokio::time::timeout(step, sends.next()).await
-                        {
-                            window.settle(offset, sent, &mut summary, &mut covered);
-                        }
-                    }
-                    continue;
-                }
-            };
-            heard_at = Instant::now();
-            failing = None;
-            next = msg.offset() + 1;
-            if msg.offset() > last {
-                break None;
-            }
-            summary.scanned += 1;
-            progress.update(summary.scanned, total);
-            let record = match DeliveryRecord::from_message(&msg) {
-                Ok(r) if r.dead.is_some() => r,
-                _ => {
-                    summary.undecodable += 1;
-                    continue;
-                }
-            };
-            if request
-                .endpoint
-                .as_ref()
-                .is_some_and(|e| *e != record.endpoint_id)
-            {
-                summary.filtered += 1;
-                continue;
-            }
-            if request.dry_run {
-                summary.replayed += 1;
-                covered.add(&record.tenant);
-                continue;
-            }
-            let offset = msg.offset();
-            window.in_flight.insert(offset);
-            let (republisher, replay_id) = (&republisher, replay_id.as_str());
-            sends.push(async move {
-                let sent = send(store, republisher, record, replay_id, publish_deadline).await;
-                (offset, sent)
-            });
-        };
-        // Let the sends under way finish: each was claimed, and may already be on its way.
-        while let Some((offset, sent)) = sends.next().await {
-            window.settle(offset, sent, &mut summary, &mut covered);
-        }
-        drop(sends);
-        // A failed send stops the replay at its offset, below anything the reader reached.
-        let (stop, past) = match window.failed.take() {
-            Some((offset, cause)) => {
-                next = offset;
-                let past = window.sent_past(offset);
-                (Some(cause), past)
-            }
-            None => (read_stop, 0),
-        };
-        if !request.dry_run {
+        let republisher = Republisher::new(self.target)?;
+        let Ended {
+            summary,
+            covered,
+            stop,
+        } = self
+            .send_range(store, &republisher, &replay_id, progress)
+            .await;
+        if !self.request.dry_run {
             telemetry::replayed(summary.replayed);
         }
         let audit = ReplayAudit {
-            replay_id: replay_id.clone(),
-            actor: request.actor.clone(),
-            reason: request.reason.clone(),
+            replay_id,
+            actor: self.request.actor.clone(),
+            reason: self.request.reason.clone(),
             at: SystemTime::now(),
-            scope: scope(
-                target,
-                request,
-                last,
-                stop.as_ref().map(|cause| (cause, next, past)),
-            ),
+            scope: scope(self.target, self.request, self.last, stop.as_ref()),
             count: summary.replayed,
-            dry_run: request.dry_run,
+            dry_run: self.request.dry_run,
             // A range of DLQ offsets may hold many tenants' deliveries: it is theirs to read
             // only when it held one tenant's alone (an endpoint's, say).
             tenant: covered.tenant(),
         };
         let recorded = record_audit(store, &audit).await;
+        self.outcome(summary, stop, recorded)
+    }
+
+    /// Reads the range and sends each dead letter in it through the window, until the range
+    /// ends or the reading stops; then lets the sends under way finish.
+    async fn send_range<P: Progress + ?Sized>(
+        &self,
+        store: &dyn DeliveryStore,
+        republisher: &Republisher,
+        replay_id: &str,
+        progress: &mut P,
+    ) -> Ended {
+        let mut tally = Tally {
+            summary: ReplaySummary {
+                replay_id: replay_id.to_owned(),
+                scanned: 0,
+                replayed: 0,
+                filtered: 0,
+                undecodable: 0,
+                skipped_being_replayed: 0,
+                last_offset: self.last,
+            },
+            covered: Covered::default(),
+            window: Window::new(self.window),
+        };
+        let mut reader = Reader {
+            next: self.request.from_offset,
+            heard_at: Instant::now(),
+            failing: None,
+        };
+        let mut sends = FuturesUnordered::new();
+        let read_stop = loop {
+            // Take in the sends that finished; after a failed one, read no further.
+            while let Some(Some(done)) = sends.next().now_or_never() {
+                tally.settle(done);
+            }
+            if tally.window.failed.is_some() || reader.next > self.last {
+                break None;
+            }
+            if tally.window.is_full(reader.next) {
+                // Waiting for a send is not waiting for the DLQ: it does not count towards the
+                // idle limit.
+                let waiting = Instant::now();
+                if let Some(done) = sends.next().await {
+                    tally.settle(done);
+                }
+                reader.heard_at += waiting.elapsed();
+                continue;
+            }
+            let busy = !sends.is_empty();
+            let msg = match self.poll(&mut reader, busy) {
+                Polled::Record(msg) => msg,
+                Polled::Stop(cause) => break Some(cause),
+                Polled::Nothing => {
+                    if busy {
+                        // Nothing to read at once: give the sends a moment instead.
+                        let left = self.idle_limit.saturating_sub(reader.heard_at.elapsed());
+                        let step = left.min(SEND_STEP);
+                        if let Ok(Some(done)) = tokio::time::timeout(step, sends.next()).await {
+                            tally.settle(done);
+                        }
+                    }
+                    continue;
+                }
+            };
+            reader.heard_at = Instant::now();
+            reader.failing = None;
+            reader.next = msg.offset() + 1;
+            if msg.offset() > self.last {
+                break None;
+            }
+            let Some(record) = self.admit(&msg, &mut tally, progress) else {
+                continue;
+            };
+            let offset = msg.offset();
+            tally.window.in_flight.insert(offset);
+            let deadline = self.publish_deadline;
+            sends.push(async move {
+                let sent = send(store, republisher, record, replay_id, deadline).await;
+                (offset, sent)
+            });
+        };
+        // Let the sends under way finish: each was claimed, and may already be on its way.
+        while let Some(done) = sends.next().await {
+            tally.settle(done);
+        }
+        drop(sends);
+        tally.end(read_stop, reader.next)
+    }
+
+    /// Polls the DLQ once: without waiting while sends are under way (`busy`), else for what
+    /// is left of the idle limit, up to [`POLL_WAIT`]. Once the idle limit has passed with
+    /// nothing read, the reading stops, on the last error the consumer reported if any.
+    fn poll(&self, reader: &mut Reader, busy: bool) -> Polled<'_> {
+        let wait = if busy {
+            Duration::ZERO
+        } else {
+            self.idle_limit
+                .saturating_sub(reader.heard_at.elapsed())
+                .min(POLL_WAIT)
+        };
+        let read_failed = |source| StopCause::Read {
+            bootstrap: self.target.bootstrap.clone(),
+            source,
+        };
+        // The consumer's poll blocks; keep it off the async workers' backs.
+        match tokio::task::block_in_place(|| self.consumer.poll(wait)) {
+            Some(Ok(m)) => return Polled::Record(m),
+            Some(Err(source)) if read_error_is_final(&source) => {
+                return Polled::Stop(read_failed(source));
+            }
+            // Nothing yet; the end of partition before `last`, which is the end of what the
+            // replica being read holds so far (a follower behind its leader); or an error
+            // librdkafka retries by itself. The rest of the range may still come, within the
+            // idle limit; past it, the replay stops on the last such error, if any.
+            Some(Err(source)) if !matches!(source, KafkaError::PartitionEOF(_)) => {
+                tracing::warn!(error = %source, partition = self.request.partition,
+                    offset = reader.next, "reading the DLQ failed; retrying");
+                reader.failing = Some(source);
+            }
+            Some(Err(_)) | None => {}
+        }
+        if reader.heard_at.elapsed() >= self.idle_limit {
+            let cause = reader
+                .failing
+                .take()
+                .map_or(StopCause::Idle(self.idle_limit), read_failed);
+            return Polled::Stop(cause);
+        }
+        Polled::Nothing
+    }
+
+    /// Counts the record read, and hands back its dead letter when it is to be sent: not when
+    /// it is no dead letter, when the endpoint filter leaves it out, or in a dry run.
+    fn admit<P: Progress + ?Sized>(
+        &self,
+        msg: &BorrowedMessage<'_>,
+        tally: &mut Tally,
+        progress: &mut P,
+    ) -> Option<DeliveryRecord> {
+        let summary = &mut tally.summary;
+        summary.scanned += 1;
+        progress.update(summary.scanned, self.total);
+        let record = match DeliveryRecord::from_message(msg) {
+            Ok(r) if r.dead.is_some() => r,
+            _ => {
+                summary.undecodable += 1;
+                return None;
+            }
+        };
+        if self
+            .request
+            .endpoint
+            .as_ref()
+            .is_some_and(|e| *e != record.endpoint_id)
+        {
+            summary.filtered += 1;
+            return None;
+        }
+        if self.request.dry_run {
+            summary.replayed += 1;
+            tally.covered.add(&record.tenant);
+            return None;
+        }
+        Some(record)
+    }
+
+    /// The replay's answer, given how it ended and whether its audit entry was recorded.
+    fn outcome(
+        &self,
+        summary: ReplaySummary,
+        stop: Option<Stop>,
+        recorded: Result<(), StoreError>,
+    ) -> Result<ReplaySummary, ReplayError> {
+        let request = self.request;
         match (stop, recorded) {
             (None, Ok(())) => Ok(summary),
             (None, Err(source)) => Err(ReplayError::Audit {
-                replay_id,
+                replay_id: summary.replay_id,
                 replayed: summary.replayed,
                 source,
             }),
-            (Some(cause), recorded) => Err(ReplayError::Incomplete(Box::new(Incomplete {
-                replay_id,
-                dlq: target.dlq.clone(),
+            (Some(stop), recorded) => Err(ReplayError::Incomplete(Box::new(Incomplete {
+                replay_id: summary.replay_id,
+                dlq: self.target.dlq.clone(),
                 partition: request.partition,
                 from_offset: request.from_offset,
                 to_offset: request.to_offset,
-                resume_from: next,
+                resume_from: stop.resume_from,
                 replayed: summary.replayed,
-                replayed_past: past,
+                replayed_past: stop.past,
                 dry_run: request.dry_run,
-                cause,
+                cause: stop.cause,
                 audit_error: recorded.err(),
             }))),
         }
@@ -228,7 +339,7 @@ fn scope(
     target: &ReplayTarget,
     request: &ReplayRequest,
     last: i64,
-    stopped: Option<(&StopCause, i64, u64)>,
+    stopped: Option<&Stop>,
 ) -> String {
     let from = request.from_offset;
     let to = request.to_offset;
@@ -240,7 +351,11 @@ fn scope(
                 scope.push_str(&format!(" (asked up to {to}; the partition ended there)"));
             }
         }
-        Some((cause, resume_from, past)) => {
+        Some(&Stop {
+            ref cause,
+            resume_from,
+            past,
+        }) => {
             if resume_from > from {
                 scope.push_str(&format!(" offsets {from}..={}", resume_from - 1));
             } else {
