@@ -7,6 +7,8 @@ use std::time::{Duration, SystemTime};
 
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
+use rdkafka::Message;
+use rdkafka::message::OwnedMessage;
 
 use super::api::API_PUBLISH_DEADLINE;
 use super::audit::{new_replay_id, record_audit};
@@ -15,7 +17,7 @@ use super::range::{SEND_STEP, WINDOW};
 use super::republisher::{Republished, Republisher};
 use super::scan::{DlqScan, ScanEnd, unix_millis};
 use super::{ReplayError, ReplayTarget};
-use crate::id::{EndpointId, Tenant};
+use crate::id::{DeliveryId, EndpointId, Tenant};
 use crate::record::DeliveryRecord;
 use crate::storage::{DeliveryStore, ReplayAudit, StoreError};
 use crate::telemetry;
@@ -68,6 +70,8 @@ pub struct EndpointReplay {
 /// another replay is sending at the same moment, is not sent again. Reads for at most
 /// [`ENDPOINT_SCAN_LIMIT`]; what it did not reach is given as `resume_since`. One audit entry
 /// covers what it republished.
+///
+/// [`Standing::Dead`]: super::Standing::Dead
 pub async fn replay_endpoint(
     target: &ReplayTarget,
     store: &dyn DeliveryStore,
@@ -81,39 +85,60 @@ pub async fn replay_endpoint(
     )?;
     let replay_id = new_replay_id();
     let republisher = Republisher::new(target)?;
-    let mut seen = BTreeSet::new();
-    let mut done = EndpointReplay {
-        replay_id: replay_id.clone(),
-        replayed: 0,
-        skipped: 0,
-        resume_since: None,
-        stopped: None,
+    let done = send_dead_letters(&mut scan, store, &republisher, &replay_id, request).await;
+    telemetry::replayed(done.replayed);
+    let audit = ReplayAudit {
+        replay_id,
+        actor: request.actor.clone(),
+        reason: request.reason.clone(),
+        at: SystemTime::now(),
+        scope: scope(target, request, &done),
+        count: done.replayed,
+        dry_run: false,
+        tenant: Some(request.tenant.clone()),
     };
-    // Up to `WINDOW` sends at once, as a replay of a range does; the earliest time a failed one
-    // leaves uncovered, and why.
+    record_audit(store, &audit)
+        .await
+        .map_err(|source| ReplayError::Audit {
+            replay_id: audit.replay_id.clone(),
+            replayed: done.replayed,
+            source,
+        })?;
+    Ok(done)
+}
+
+/// Reads the endpoint's dead letters from `scan` and sends each, up to [`WINDOW`] at once as
+/// a replay of a range does, until the scan ends or stops; then lets the sends under way
+/// finish. What was republished before a stop is audited all the same.
+async fn send_dead_letters(
+    scan: &mut DlqScan,
+    store: &dyn DeliveryStore,
+    republisher: &Republisher,
+    replay_id: &str,
+    request: &EndpointReplayRequest,
+) -> EndpointReplay {
+    let mut tally = Tally {
+        done: EndpointReplay {
+            replay_id: replay_id.to_owned(),
+            replayed: 0,
+            skipped: 0,
+            resume_since: None,
+            stopped: None,
+        },
+        seen: BTreeSet::new(),
+        failed: None,
+    };
     let mut sends = FuturesUnordered::new();
-    let mut failed: Option<(SystemTime, String)> = None;
-    let settle = |(resume, sent): (SystemTime, EndpointSent),
-                  done: &mut EndpointReplay,
-                  failed: &mut Option<(SystemTime, String)>| match sent {
-        EndpointSent::Replayed => done.replayed += 1,
-        EndpointSent::Skipped => done.skipped += 1,
-        EndpointSent::Failed(why) => {
-            if failed.as_ref().is_none_or(|(at, _)| resume < *at) {
-                *failed = Some((resume, why));
-            }
-        }
-    };
-    done.stopped = loop {
+    tally.done.stopped = loop {
         while let Some(Some(sent)) = sends.next().now_or_never() {
-            settle(sent, &mut done, &mut failed);
+            tally.settle(sent);
         }
-        if failed.is_some() {
+        if tally.failed.is_some() {
             break None;
         }
         if sends.len() >= WINDOW {
             if let Some(sent) = sends.next().await {
-                settle(sent, &mut done, &mut failed);
+                tally.settle(sent);
             }
             continue;
         }
@@ -127,42 +152,30 @@ pub async fn replay_endpoint(
             // Nothing to read at once: give the sends a moment instead.
             Ok(None) => {
                 if let Ok(Some(sent)) = tokio::time::timeout(SEND_STEP, sends.next()).await {
-                    settle(sent, &mut done, &mut failed);
+                    tally.settle(sent);
                 }
                 continue;
             }
-            // What was republished before is audited all the same.
             Err(e) => {
-                done.resume_since = Some(millis_time(scan.resume_from()));
+                tally.done.resume_since = Some(millis_time(scan.resume_from()));
                 break Some(format!("reading the DLQ failed: {e}"));
             }
             Ok(Some(Err(ScanEnd::Done))) => break None,
             Ok(Some(Err(ScanEnd::TimedOut { resume_from }))) => {
-                done.resume_since = Some(millis_time(resume_from));
+                tally.done.resume_since = Some(millis_time(resume_from));
                 break Some(format!(
                     "read the DLQ for {}s, the longest one request may",
                     ENDPOINT_SCAN_LIMIT.as_secs()
                 ));
             }
         };
-        let Ok(record) = DeliveryRecord::from_message(&msg) else {
+        let Some(record) = tally.admit(&msg, &request.endpoint) else {
             continue;
         };
-        if record.dead.is_none() || record.endpoint_id != request.endpoint {
-            continue;
-        }
-        if !seen.insert(record.delivery_id.clone()) {
-            done.skipped += 1;
-            continue;
-        }
         // Where a request resumes when this record is not covered: its own time, or earlier
         // where another partition has not been read as far.
-        let resume = {
-            use rdkafka::Message;
-            let at = msg.timestamp().to_millis().unwrap_or(i64::MAX);
-            millis_time(scan.resume_from().min(at))
-        };
-        let (republisher, replay_id) = (&republisher, replay_id.as_str());
+        let at = msg.timestamp().to_millis().unwrap_or(i64::MAX);
+        let resume = millis_time(scan.resume_from().min(at));
         sends.push(async move {
             let sent = send_for_endpoint(store, republisher, record, replay_id).await;
             (resume, sent)
@@ -170,15 +183,70 @@ pub async fn replay_endpoint(
     };
     // Let the sends under way finish: each was claimed, and may already be on its way.
     while let Some(sent) = sends.next().await {
-        settle(sent, &mut done, &mut failed);
+        tally.settle(sent);
     }
     drop(sends);
-    // A failed send leaves its record uncovered: the request resumes no later than its time.
-    if let Some((resume, why)) = failed {
-        done.resume_since = Some(done.resume_since.map_or(resume, |r| r.min(resume)));
-        done.stopped = Some(why);
+    tally.finish()
+}
+
+/// What an endpoint's replay has done, as it reads dead letters and their sends settle.
+struct Tally {
+    done: EndpointReplay,
+    /// The deliveries this replay has sent (or is sending).
+    seen: BTreeSet<DeliveryId>,
+    /// The earliest dead letter a failed send left uncovered.
+    failed: Option<Uncovered>,
+}
+
+/// A dead letter a failed send left uncovered: when it was written, and why the send failed.
+struct Uncovered {
+    since: SystemTime,
+    why: String,
+}
+
+impl Tally {
+    /// The dead letter in `msg` when it is one of `endpoint`'s and its delivery's first in
+    /// this replay; a delivery's later dead letters are counted as skipped.
+    fn admit(&mut self, msg: &OwnedMessage, endpoint: &EndpointId) -> Option<DeliveryRecord> {
+        let record = DeliveryRecord::from_message(msg).ok()?;
+        if record.dead.is_none() || record.endpoint_id != *endpoint {
+            return None;
+        }
+        if !self.seen.insert(record.delivery_id.clone()) {
+            self.done.skipped += 1;
+            return None;
+        }
+        Some(record)
     }
-    telemetry::replayed(done.replayed);
+
+    /// Counts a finished send: where a request resumes if its record is not covered, and how
+    /// the send ended.
+    fn settle(&mut self, (resume, sent): (SystemTime, EndpointSent)) {
+        match sent {
+            EndpointSent::Replayed => self.done.replayed += 1,
+            EndpointSent::Skipped => self.done.skipped += 1,
+            EndpointSent::Failed(why) => {
+                if self.failed.as_ref().is_none_or(|f| resume < f.since) {
+                    self.failed = Some(Uncovered { since: resume, why });
+                }
+            }
+        }
+    }
+
+    /// What the replay did. A failed send leaves its record uncovered: the request resumes no
+    /// later than its time.
+    fn finish(self) -> EndpointReplay {
+        let mut done = self.done;
+        if let Some(Uncovered { since, why }) = self.failed {
+            done.resume_since = Some(done.resume_since.map_or(since, |r| r.min(since)));
+            done.stopped = Some(why);
+        }
+        done
+    }
+}
+
+/// The audit entry's account of what an endpoint's replay covered.
+fn scope(target: &ReplayTarget, request: &EndpointReplayRequest, done: &EndpointReplay) -> String {
     let time = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
     let mut scope = format!(
         "{} dead letters of endpoint {} written {}..={}",
@@ -197,24 +265,7 @@ pub async fn replay_endpoint(
                 .unwrap_or_default()
         ));
     }
-    let audit = ReplayAudit {
-        replay_id,
-        actor: request.actor.clone(),
-        reason: request.reason.clone(),
-        at: SystemTime::now(),
-        scope,
-        count: done.replayed,
-        dry_run: false,
-        tenant: Some(request.tenant.clone()),
-    };
-    record_audit(store, &audit)
-        .await
-        .map_err(|source| ReplayError::Audit {
-            replay_id: audit.replay_id.clone(),
-            replayed: done.replayed,
-            source,
-        })?;
-    Ok(done)
+    scope
 }
 
 /// How one dead letter's send in an endpoint's replay ended.
