@@ -24,8 +24,8 @@ pub(super) const POLL_WAIT: Duration = Duration::from_millis(500);
 /// The DLQ consumer's context. Until the brokers have answered, librdkafka's reports that
 /// none can be reached (errors, and FAIL log lines) are logged at debug only: replay says so
 /// itself, once, as [`ReplayError::Unreachable`], and the same news at ERROR level ahead of it
-/// only repeated it. Once they have answered, losing them is news and is logged as a warning;
-/// other client errors and log lines go to rdkafka's default context, as they did before.
+/// would only repeat it. Once they have answered, losing them is news and is logged as a
+/// warning; other client errors and log lines go to rdkafka's default context.
 #[derive(Default)]
 pub(super) struct ReplayContext {
     /// Whether the brokers have answered.

@@ -110,8 +110,8 @@ pub enum ReplayError {
     /// record was not acknowledged); what it republished up to there is in its audit entry.
     #[error(transparent)]
     Incomplete(Box<Incomplete>),
-    /// hookline did not log where a delivered delivery's record is (attempts logged before it
-    /// kept that), so it cannot be sent again.
+    /// The attempt log holds no note of where a delivered delivery's record is (its attempts
+    /// were logged without one), so it cannot be sent again.
     #[error(
         "delivery {delivery} was delivered before hookline logged where each attempt's record \
          is in the deliveries topic, so it cannot be sent again"

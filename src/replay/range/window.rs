@@ -12,8 +12,8 @@ use crate::record::DeliveryRecord;
 use crate::storage::DeliveryStore;
 
 /// How many dead letters a replay of a range claims and republishes at once, unless
-/// [`Checked::window`](super::Checked::window) says otherwise. One at a time, each record
-/// waits for its claim (a lightweight transaction in the CQL store), the broker's
+/// [`Checked::window`](super::Checked::window) says otherwise. Sent one at a time, each record
+/// would wait for its claim (a lightweight transaction in the CQL store), the broker's
 /// acknowledgement and its note in the store, one after the other.
 pub const WINDOW: usize = 64;
 
