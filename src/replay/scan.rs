@@ -16,10 +16,11 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use super::{
-    DlqConsumer, KAFKA_TIMEOUT, POLL_WAIT, ReplayError, ReplayTarget, dlq_consumer, dlq_partitions,
-    kafka_failure, read_error_is_final,
+use super::consumer::{
+    DlqConsumer, KAFKA_TIMEOUT, POLL_WAIT, dlq_consumer, dlq_partitions, read_error_is_final,
 };
+use super::error::kafka_failure;
+use super::{ReplayError, ReplayTarget};
 
 /// Milliseconds since the Unix epoch, as Kafka timestamps count (0 before it).
 pub fn unix_millis(t: SystemTime) -> i64 {
