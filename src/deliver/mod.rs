@@ -23,6 +23,7 @@
 //! - `request`: the signed request, and the send plan an endpoint's attempts share.
 //! - `task`: the tasks the stage spawns, the lane slot each holds, and how a panic in one is
 //!   contained.
+//! - `report`: what the tasks report back to the stage loop.
 //! - `parking`: parking records in the delay tiers.
 //! - `turn`: the turns of endpoints that send slower than their records arrive.
 //! - `view_wait`: deliveries waiting for the endpoint view to be confirmed current.
@@ -39,6 +40,7 @@ use crate::storage::DeliveryStore;
 
 mod attempt;
 mod parking;
+mod report;
 mod request;
 mod stage;
 mod task;

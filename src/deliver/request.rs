@@ -1,14 +1,15 @@
 //! The signed request of an attempt, and the send plan every attempt to one version of an
 //! endpoint shares.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-use super::stage::Stage;
 use super::{ATTEMPT_HEADER, REPLAY_HEADER};
 use crate::endpoint::{Endpoint, SecretKind};
+use crate::id::EndpointId;
 use crate::record::DeliveryRecord;
 use crate::sender::{OutboundRequest, Target};
 use crate::signing::{Ed25519SigningKey, Signer, SignerKey, SigningKey, SigningSecret};
@@ -134,20 +135,25 @@ pub(super) fn prepare(
     })
 }
 
-impl Stage {
+/// The send plans of the endpoints a stage has sent to, at most
+/// [`MAX_ENDPOINT_ENTRIES`](crate::limits::MAX_ENDPOINT_ENTRIES) of them.
+#[derive(Default)]
+pub(super) struct SendPlans(HashMap<EndpointId, Arc<SendPlan>>);
+
+impl SendPlans {
     /// The send plan for `endpoint`, built when it changed or was never used here.
     pub(super) fn plan(&mut self, endpoint: &Endpoint) -> Arc<SendPlan> {
         let now = SystemTime::now();
-        if let Some(plan) = self.plans.get(&endpoint.id)
+        if let Some(plan) = self.0.get(&endpoint.id)
             && plan.fits(endpoint, now)
         {
             return plan.clone();
         }
-        if self.plans.len() >= crate::limits::MAX_ENDPOINT_ENTRIES {
-            self.plans.clear();
+        if self.0.len() >= crate::limits::MAX_ENDPOINT_ENTRIES {
+            self.0.clear();
         }
         let plan = Arc::new(SendPlan::build(endpoint, now));
-        self.plans.insert(endpoint.id.clone(), plan.clone());
+        self.0.insert(endpoint.id.clone(), plan.clone());
         plan
     }
 }

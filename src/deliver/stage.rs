@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::DeliverDeps;
-use super::request::SendPlan;
-use super::task::{Done, Written};
+use super::report::{Done, Written};
+use super::request::SendPlans;
 use super::turn::Turns;
 use super::view_wait::AwaitingView;
 use crate::breaker::Transition;
@@ -46,7 +46,7 @@ pub(super) struct Stage {
     /// Per endpoint, the records waiting for a slot in its lane.
     pub(super) queues: HashMap<EndpointId, VecDeque<Queued>>,
     /// Per endpoint, the send plan of its current version (see [`Stage::plan`]).
-    pub(super) plans: HashMap<EndpointId, Arc<SendPlan>>,
+    pub(super) plans: SendPlans,
     /// The turns booked for records parked because their endpoint sends slower than they
     /// arrive (see [`Stage::booked_turn`]).
     pub(super) turns: Turns,
@@ -202,7 +202,7 @@ impl Stage {
             settlements: Settlements::new("deliver", deps.max_window),
             lanes: Lanes::new(deps.lanes),
             queues: HashMap::new(),
-            plans: HashMap::new(),
+            plans: SendPlans::default(),
             turns: Turns::default(),
             unusable_since: HashMap::new(),
             awaiting_view: Vec::new(),

@@ -1,58 +1,20 @@
 //! The tasks the delivery stage spawns: an attempt's, which holds its endpoint's lane slot, and
-//! a settling one's, which writes a record where it goes last. What each reports back to the
-//! stage loop, and how a panic in one is contained.
+//! a settling one's, which writes a record where it goes last; and how a panic in one is
+//! contained.
 
 use futures::FutureExt as _;
 use tokio::sync::mpsc;
 
 use super::attempt::AttemptReport;
+use super::report::{Done, Written};
 use super::stage::{Queued, Stage};
 use crate::breaker;
 use crate::dead_reason::DeadReason;
-use crate::id::EndpointId;
 use crate::lane::Permit;
 use crate::record::DeliveryRecord;
 use crate::stage::{Outgoing, Tp, produce_until_acked};
 use crate::storage::RecordPosition;
 use crate::telemetry;
-
-/// What an attempt task reports back to the stage loop: first that the endpoint answered (its
-/// lane slot is free), then that the attempt is logged and its follow-up produced, or that it
-/// panicked.
-pub(super) enum Done {
-    /// The endpoint answered, or the attempt gave its slot back unanswered: the slot is free.
-    Answered {
-        permit: Permit,
-        health: Option<breaker::Outcome>,
-        /// When the answer came (or the attempt gave its slot back unsent).
-        at: tokio::time::Instant,
-    },
-    /// The attempt is logged and its follow-up produced (`settled`), or `stop` came first.
-    Finished {
-        tp: Tp,
-        offset: i64,
-        disable: Option<EndpointId>,
-        settled: bool,
-    },
-    /// The attempt panicked (a bug in hookline); `record` is the record as it was read, to be
-    /// parked for a later attempt.
-    Panicked {
-        tp: Tp,
-        offset: i64,
-        record: Box<DeliveryRecord>,
-    },
-}
-
-/// A settling task's report: whether the broker has the record at `offset` of `tp` where it
-/// went last (see [`Stage::spawn_settling`]).
-pub(super) struct Written {
-    /// The record's partition.
-    pub(super) tp: Tp,
-    /// Its offset there.
-    pub(super) offset: i64,
-    /// Whether the broker acknowledged it: only then does the record settle.
-    pub(super) acked: bool,
-}
 
 /// An attempt's lane slot, given back to the stage loop exactly once: with the endpoint's
 /// answer, or, when the attempt ends without one (it panicked), when it is dropped. A slot
@@ -113,7 +75,7 @@ impl Stage {
     /// [`Stage::park`]). The request may have reached the receiver: the later attempt is a
     /// duplicate with the same `webhook-id`, as after a crash.
     pub(super) fn spawn_attempt(&mut self, q: Queued, permit: Permit) {
-        let plan = self.plan(&q.endpoint);
+        let plan = self.plans.plan(&q.endpoint);
         let deps = self.deps.clone();
         let producer = self.producer.clone();
         let done = self.done_tx.clone();

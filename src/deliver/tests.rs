@@ -15,9 +15,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::attempt::{FollowUp, Landed};
+use super::report::{Done, Written};
 use super::request::SendPlan;
 use super::stage::{Intaken, Stage};
-use super::task::{Done, Slot, Written};
+use super::task::Slot;
 use super::turn::{Turns, queue_room};
 use super::{DeliverDeps, run};
 use crate::breaker;
