@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::record::DeliveryRecord;
 use crate::stage::{
-    Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, invalid_forward,
+    Outgoing, PauseReason, Settlements, StageConsumer, Tp, Written, forget_moved, invalid_forward,
     produce_until_acked,
 };
 
@@ -240,7 +240,7 @@ async fn stage(
         let shutdown = shutdown.clone();
         async move {
             let acked = produce_until_acked(&producer, out, &shutdown).await;
-            (tp, offset, acked)
+            Written { tp, offset, acked }
         }
     };
     let mut store_tick = tokio::time::interval(Duration::from_millis(200));
@@ -251,7 +251,7 @@ async fn stage(
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
-            Some((tp, offset, acked)) = forwards.next() => {
+            Some(Written { tp, offset, acked }) = forwards.next() => {
                 if acked {
                     settlements.settle(&tp, offset);
                 }
@@ -278,7 +278,7 @@ async fn stage(
                     }
                 };
                 forget_moved(&mut parts, &settlements.sync(consumer));
-                let tp: Tp = (Arc::from(msg.topic()), msg.partition());
+                let tp = Tp::new(msg.topic(), msg.partition());
                 let offset = msg.offset();
                 if !settlements.track(&tp, offset) {
                     continue;
@@ -299,7 +299,7 @@ async fn stage(
                         record.due_at().unwrap_or(now),
                     ),
                     Err(e) => {
-                        tracing::warn!(topic = %tp.0, partition = tp.1, offset, error = %e,
+                        tracing::warn!(topic = %tp.topic, partition = tp.partition, offset, error = %e,
                             "undecodable record in a delay tier; sending it to the invalid topic");
                         let out = invalid_forward(topics.invalid.clone(), key, headers, payload,
                             "bad_delivery_record", &e.to_string());
@@ -368,13 +368,13 @@ async fn drain<F>(
     settlements: &mut Settlements,
     forwards: &mut FuturesUnordered<F>,
 ) where
-    F: std::future::Future<Output = (Tp, i64, bool)>,
+    F: std::future::Future<Output = Written>,
 {
     let deadline = tokio::time::sleep(Duration::from_secs(10));
     tokio::pin!(deadline);
     while !forwards.is_empty() {
         tokio::select! {
-            Some((tp, offset, acked)) = forwards.next() => if acked { settlements.settle(&tp, offset) },
+            Some(w) = forwards.next() => if w.acked { settlements.settle(&w.tp, w.offset) },
             () = &mut deadline => break,
         }
     }

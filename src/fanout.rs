@@ -271,8 +271,8 @@ fn records_for(
                 return None;
             }
             let origin = Some(Origin {
-                topic: tp.0.to_string(),
-                partition: tp.1,
+                topic: tp.topic.to_string(),
+                partition: tp.partition,
                 offset,
             });
             let records = fan_out(&event, index, origin, &topics.deliveries);
@@ -280,7 +280,13 @@ fn records_for(
             Some(records)
         }
         Err(invalid) => {
-            telemetry::invalid_record(&tp.0, tp.1, offset, invalid.reason.kind(), &invalid.detail);
+            telemetry::invalid_record(
+                &tp.topic,
+                tp.partition,
+                offset,
+                invalid.reason.kind(),
+                &invalid.detail,
+            );
             Some(vec![invalid_record(
                 msg,
                 invalid,
@@ -372,7 +378,7 @@ pub async fn run(
                     }
                 };
                 forget_moved(&mut recent, &settlements.sync(&consumer));
-                let tp: Tp = (Arc::from(msg.topic()), msg.partition());
+                let tp = Tp::new(msg.topic(), msg.partition());
                 let offset = msg.offset();
                 if !settlements.track(&tp, offset) {
                     continue;

@@ -164,7 +164,7 @@ async fn read<T: Send + 'static>(
         match queue.recv().await {
             Ok(m) => records.push((rdkafka::Message::offset(&m), decode(&m))),
             Err(e) => {
-                tracing::warn!(topic = %tp.0, partition = tp.1, error = %e, "partition queue error");
+                tracing::warn!(topic = %tp.topic, partition = tp.partition, error = %e, "partition queue error");
                 continue;
             }
         }
@@ -172,7 +172,7 @@ async fn read<T: Send + 'static>(
             match queue.recv().now_or_never() {
                 Some(Ok(m)) => records.push((rdkafka::Message::offset(&m), decode(&m))),
                 Some(Err(e)) => {
-                    tracing::warn!(topic = %tp.0, partition = tp.1, error = %e, "partition queue error");
+                    tracing::warn!(topic = %tp.topic, partition = tp.partition, error = %e, "partition queue error");
                     break;
                 }
                 None => break,

@@ -20,8 +20,36 @@ use crate::offsets::{OffsetError, OffsetTracker};
 use crate::record::DeliveryRecord;
 use crate::telemetry;
 
-/// A topic-partition.
-pub type Tp = (Arc<str>, i32);
+/// A topic-partition: where a record was read from, or where an offset is committed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tp {
+    /// The topic's name.
+    pub topic: Arc<str>,
+    /// The partition's number.
+    pub partition: i32,
+}
+
+impl Tp {
+    /// Partition `partition` of `topic`.
+    pub fn new(topic: impl Into<Arc<str>>, partition: i32) -> Tp {
+        Tp {
+            topic: topic.into(),
+            partition,
+        }
+    }
+}
+
+/// Whether the record produced for the record at `offset` of `tp` (a retry, a dead letter, a
+/// parked or forwarded copy) was acknowledged: only then does that offset settle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// The partition the settling record was read from.
+    pub tp: Tp,
+    /// Its offset there.
+    pub offset: i64,
+    /// Whether the broker acknowledged what was produced for it.
+    pub acked: bool,
+}
 
 /// A partition assignment change, as the stage loop learns of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +95,7 @@ impl Split {
         let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         for e in tpl.elements() {
             match consumer.split_partition_queue(e.topic(), e.partition()) {
-                Some(q) => queues.push(((Arc::from(e.topic()), e.partition()), q)),
+                Some(q) => queues.push((Tp::new(e.topic(), e.partition()), q)),
                 // Its records then come through the consumer's queue, as for a stage that
                 // does not split.
                 None => tracing::warn!(
@@ -92,7 +120,7 @@ impl Split {
 fn partitions(tpl: &TopicPartitionList) -> Vec<Tp> {
     tpl.elements()
         .iter()
-        .map(|e| (Arc::from(e.topic()), e.partition()))
+        .map(|e| Tp::new(e.topic(), e.partition()))
         .collect()
 }
 
@@ -109,7 +137,7 @@ fn set_paused<C: Consumer<StageContext>>(
     }
     let mut tpl = TopicPartitionList::new();
     for tp in tps {
-        tpl.add_partition(&tp.0, tp.1);
+        tpl.add_partition(&tp.topic, tp.partition);
     }
     if paused {
         consumer.pause(&tpl)
@@ -338,7 +366,7 @@ impl Settlements {
         match tracker.track(offset) {
             Ok(()) => true,
             Err(OffsetError::NotIncreasing { highest, .. }) => {
-                tracing::debug!(stage = self.stage, topic = %tp.0, partition = tp.1, offset,
+                tracing::debug!(stage = self.stage, topic = %tp.topic, partition = tp.partition, offset,
                     highest, "record read again after a pause; the stage already took it");
                 false
             }
@@ -347,7 +375,7 @@ impl Settlements {
             // emptying it would forget the records in flight, and the next settle could then
             // commit past them.
             Err(e) => {
-                tracing::warn!(stage = self.stage, topic = %tp.0, partition = tp.1, offset,
+                tracing::warn!(stage = self.stage, topic = %tp.topic, partition = tp.partition, offset,
                     error = %e, "an offset that cannot be tracked; the record is handled, its offset never committed");
                 true
             }
@@ -360,7 +388,7 @@ impl Settlements {
         if let Some(tracker) = self.trackers.get_mut(tp)
             && let Err(e) = tracker.settle(offset)
         {
-            tracing::debug!(stage = self.stage, topic = %tp.0, partition = tp.1, offset, error = %e,
+            tracing::debug!(stage = self.stage, topic = %tp.topic, partition = tp.partition, offset, error = %e,
                 "settle of an untracked offset ignored");
         }
     }
@@ -435,7 +463,7 @@ impl Settlements {
         let mut moved = vec![];
         for (tp, tracker) in &self.trackers {
             if let Some(next) = tracker.committable() {
-                let _ = tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(next));
+                let _ = tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(next));
                 moved.push((tp.clone(), next));
             }
         }
@@ -680,7 +708,7 @@ mod tests {
     use super::*;
 
     fn tp() -> Tp {
-        (Arc::from("deliveries"), 0)
+        Tp::new("deliveries", 0)
     }
 
     #[test]
@@ -758,7 +786,7 @@ mod tests {
     }
 
     fn tp1() -> Tp {
-        (Arc::from("deliveries"), 1)
+        Tp::new("deliveries", 1)
     }
 
     #[test]
@@ -952,7 +980,7 @@ mod rebalance_tests {
         producer
             .send(
                 FutureRecord::to("t")
-                    .partition(moved.1)
+                    .partition(moved.partition)
                     .key("k")
                     .payload("back"),
                 Duration::from_secs(5),
@@ -962,7 +990,7 @@ mod rebalance_tests {
         let got = tokio::time::timeout(Duration::from_secs(15), async {
             loop {
                 if let Ok(m) = a.recv().await
-                    && m.partition() == moved.1
+                    && m.partition() == moved.partition
                 {
                     return m.offset();
                 }

@@ -33,14 +33,3 @@ pub(super) enum Done {
         record: Box<DeliveryRecord>,
     },
 }
-
-/// A settling task's report: whether the broker has the record at `offset` of `tp` where it
-/// went last (see the settling task).
-pub(super) struct Written {
-    /// The record's partition.
-    pub(super) tp: Tp,
-    /// Its offset there.
-    pub(super) offset: i64,
-    /// Whether the broker acknowledged it: only then does the record settle.
-    pub(super) acked: bool,
-}

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::DeliverDeps;
-use super::report::{Done, Written};
+use super::report::Done;
 use super::request::SendPlans;
 use super::turn::Turns;
 use super::view_wait::AwaitingView;
@@ -26,7 +26,7 @@ use crate::id::EndpointId;
 use crate::intake::Intake;
 use crate::lane::{LaneConfig, Lanes, Refusal};
 use crate::record::DeliveryRecord;
-use crate::stage::{RebalanceEvent, Settlements, StageConsumer, Tp, invalid_forward};
+use crate::stage::{RebalanceEvent, Settlements, StageConsumer, Tp, Written, invalid_forward};
 use crate::telemetry::{self, ParkReason};
 
 /// A record waiting in its endpoint's lane queue.
@@ -109,7 +109,7 @@ pub async fn run(
             msg = consumer.recv() => match msg {
                 Ok(m) => {
                     stage.sync(&consumer, &mut intake);
-                    let tp: Tp = (Arc::from(m.topic()), m.partition());
+                    let tp = Tp::new(m.topic(), m.partition());
                     let offset = m.offset();
                     let intaken = Intaken::decode(&m);
                     drop(m);
@@ -245,7 +245,7 @@ impl Stage {
         let record = match decoded {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(topic = %tp.0, partition = tp.1, offset, error = %e,
+                tracing::warn!(topic = %tp.topic, partition = tp.partition, offset, error = %e,
                     "undecodable delivery record; sending it to the invalid topic");
                 let Raw { key, payload } = raw.unwrap_or_default();
                 let out = invalid_forward(

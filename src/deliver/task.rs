@@ -6,13 +6,13 @@ use futures::FutureExt as _;
 use tokio::sync::mpsc;
 
 use super::attempt::AttemptReport;
-use super::report::{Done, Written};
+use super::report::Done;
 use super::stage::{Queued, Stage};
 use crate::breaker;
 use crate::dead_reason::DeadReason;
 use crate::lane::Permit;
 use crate::record::DeliveryRecord;
-use crate::stage::{Outgoing, Tp, produce_until_acked};
+use crate::stage::{Outgoing, Tp, Written, produce_until_acked};
 use crate::storage::RecordPosition;
 use crate::telemetry;
 
@@ -58,7 +58,7 @@ impl Drop for Slot {
 /// logs it.
 fn record_position(tp: &Tp, offset: i64) -> RecordPosition {
     RecordPosition {
-        partition: tp.1,
+        partition: tp.partition,
         offset,
     }
 }
@@ -185,8 +185,8 @@ impl Stage {
                 }
                 Err(panic) => {
                     telemetry::settling_panicked(
-                        &tp.0,
-                        tp.1,
+                        &tp.topic,
+                        tp.partition,
                         offset,
                         &telemetry::panic_message(&*panic),
                     );

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::attempt::{FollowUp, Landed};
-use super::report::{Done, Written};
+use super::report::Done;
 use super::request::SendPlan;
 use super::stage::{Intaken, Stage};
 use super::task::Slot;
@@ -34,6 +34,7 @@ use crate::registry::MemoryEndpointStore;
 use crate::retry_policy::RetryPolicy;
 use crate::sealed::MasterKey;
 use crate::sender::Sender;
+use crate::stage::Written;
 use crate::stage::{Outgoing, StageConsumer, Tp, outgoing, produce_until_acked};
 use crate::storage::hooked::{Hooked, Hooks};
 use crate::storage::memory::MemoryStore;
@@ -362,7 +363,7 @@ async fn a_slow_endpoints_queue_is_cut_to_what_it_sends_within_the_shortest_tier
     let producer = producer_to(&mock.bootstrap_servers());
     let (mut stage, mut reports) = Stage::new(deps, producer);
     let id = endpoint.id.clone();
-    let tp: Tp = (Arc::from("t.deliveries"), 0);
+    let tp = Tp::new("t.deliveries", 0);
     let take = |stage: &mut Stage, offset: i64| {
         let record = delivery_for(&endpoint.id, &format!("evt_{offset}"));
         stage.on_record(tp.clone(), offset, Ok(record), None);
@@ -448,7 +449,7 @@ async fn a_record_handed_out_again_is_not_taken_twice() {
         .lanes
         .try_acquire(&endpoint.id, cfg, tokio::time::Instant::now())
         .unwrap();
-    let tp: Tp = (Arc::from("t.deliveries"), 0);
+    let tp = Tp::new("t.deliveries", 0);
     let intaken = |offset: i64| Intaken {
         decoded: Ok(delivery_for(&endpoint.id, &format!("evt_{offset}"))),
         raw: None,

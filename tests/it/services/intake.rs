@@ -147,10 +147,10 @@ async fn member(
         let events = consumer.context().drain();
         for e in &events {
             match e {
-                RebalanceEvent::Assigned(tps) => owned.extend(tps.iter().map(|tp| tp.1)),
+                RebalanceEvent::Assigned(tps) => owned.extend(tps.iter().map(|tp| tp.partition)),
                 RebalanceEvent::Revoked(tps) => {
                     for tp in tps {
-                        owned.remove(&tp.1);
+                        owned.remove(&tp.partition);
                     }
                 }
             }
@@ -165,7 +165,7 @@ async fn member(
                 if !intake.is_current(&batch) {
                     continue;
                 }
-                batch.records.iter().map(|(offset, ())| (batch.tp.1, *offset)).collect()
+                batch.records.iter().map(|(offset, ())| (batch.tp.partition, *offset)).collect()
             }
             m = consumer.recv() => {
                 let m = m.expect("consumer error");
