@@ -22,8 +22,8 @@ use crate::input::{InputConfig, InputEvent, InvalidInput, parse_message};
 use crate::record::{DeliveryRecord, Origin, UnixMillis};
 use crate::registry::{EndpointView, ViewStatus};
 use crate::stage::{
-    Outgoing, PauseReason, Settlements, StageConsumer, Tp, forget_moved, invalid_forward, outgoing,
-    produce_until_acked,
+    Outgoing, PauseReason, Settlements, StageConsumer, Tp, Written, forget_moved, invalid_forward,
+    outgoing, produce_until_acked,
 };
 use crate::subscription::{SubscriptionIndex, parse_filters};
 use crate::telemetry;
@@ -298,25 +298,23 @@ fn records_for(
 }
 
 /// A batch of records produced for one input record, once the broker has answered for all of
-/// them: the input record at `offset` of `tp` settles if every one was `acked`; `bytes` are no
-/// longer held.
+/// them: the input record settles if every one was acknowledged; `bytes` are no longer held.
 struct Sent {
-    tp: Tp,
-    offset: i64,
-    acked: bool,
+    written: Written,
     bytes: usize,
 }
 
-/// Produces `records`, made from the input record at `offset` of `tp`, each until the broker
-/// acknowledges it or `stop` fires, and says what the batch came to.
+/// Produces `records` (`bytes` of them, held until the batch is answered), made from the input
+/// record at `offset` of `tp`, each until the broker acknowledges it or `stop` fires, and says
+/// what the batch came to.
 async fn send_all(
     producer: crate::kafka::Producer,
     stop: CancellationToken,
     tp: Tp,
     offset: i64,
     records: Vec<Outgoing>,
+    bytes: usize,
 ) -> Sent {
-    let bytes = record_bytes(&records);
     let sends = records
         .into_iter()
         .map(|r| produce_until_acked(&producer, r, &stop));
@@ -325,9 +323,7 @@ async fn send_all(
         .into_iter()
         .all(|ok| ok);
     Sent {
-        tp,
-        offset,
-        acked,
+        written: Written { tp, offset, acked },
         bytes,
     }
 }
@@ -355,7 +351,7 @@ pub async fn run(
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
-            Some(Sent { tp, offset, acked, bytes }) = pending.next() => {
+            Some(Sent { written: Written { tp, offset, acked }, bytes }) = pending.next() => {
                 if acked {
                     settlements.settle(&tp, offset);
                 }
@@ -391,8 +387,9 @@ pub async fn run(
                 if records.is_empty() {
                     settlements.settle(&tp, offset);
                 } else {
-                    held.add(record_bytes(&records));
-                    pending.push(send_all(producer.clone(), stop.clone(), tp, offset, records));
+                    let bytes = record_bytes(&records);
+                    held.add(bytes);
+                    pending.push(send_all(producer.clone(), stop.clone(), tp, offset, records, bytes));
                 }
                 held.apply(&mut settlements, &consumer);
             }
@@ -402,7 +399,7 @@ pub async fn run(
     tokio::pin!(deadline);
     while !pending.is_empty() {
         tokio::select! {
-            Some(Sent { tp, offset, acked, .. }) = pending.next() => if acked { settlements.settle(&tp, offset) },
+            Some(Sent { written: Written { tp, offset, acked }, .. }) = pending.next() => if acked { settlements.settle(&tp, offset) },
             () = &mut deadline => { stop.cancel(); break; }
         }
     }
