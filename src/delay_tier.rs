@@ -302,7 +302,7 @@ async fn stage(
                         tracing::warn!(topic = %tp.topic, partition = tp.partition, offset, error = %e,
                             "undecodable record in a delay tier; sending it to the invalid topic");
                         let out = invalid_forward(topics.invalid.clone(), key, headers, payload,
-                            "bad_delivery_record", &e.to_string());
+                            crate::stage::BAD_DELIVERY_RECORD, &e.to_string());
                         (out, now)
                     }
                 };

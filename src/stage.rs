@@ -597,6 +597,10 @@ pub fn outgoing(topic: Arc<str>, record: &DeliveryRecord) -> Outgoing {
     }
 }
 
+/// The invalid topic's reason for a record in the deliveries topic or a delay tier that is not a
+/// delivery record.
+pub const BAD_DELIVERY_RECORD: &str = "bad_delivery_record";
+
 /// The record forwarded to the invalid topic `topic` in place of one a stage cannot read: the
 /// original's `key`, `headers` and `payload`, with [`INVALID_REASON_HEADER`] (`reason`, for
 /// machines) and [`INVALID_DETAIL_HEADER`] (`detail`, for operators) added after its headers.

@@ -253,7 +253,7 @@ impl Stage {
                     key,
                     rdkafka::message::OwnedHeaders::new(),
                     payload,
-                    "bad_delivery_record",
+                    crate::stage::BAD_DELIVERY_RECORD,
                     &e.to_string(),
                 );
                 self.produce_then_settle(tp, offset, out);
