@@ -9,6 +9,7 @@
 //! - [`attempt`]: one HTTP attempt's error classes and what came back.
 //! - [`event_type`]: the event type subscriptions filter on.
 //! - [`dead_reason`]: why a delivery was dead-lettered.
+//! - [`park_reason`]: why a record was parked in a delay tier.
 //! - [`limits`]: record sizes and the bound on per-endpoint maps.
 //! - [`repeat_log`]: logging a lasting problem once per interval, not once per record.
 //! - [`kafka_error`]: what a Kafka error means (a lost broker or not).
@@ -63,6 +64,7 @@ pub mod id;
 pub mod kafka_error;
 pub mod limits;
 pub mod listen;
+pub mod park_reason;
 pub mod repeat_log;
 pub mod serde_field;
 

@@ -69,9 +69,9 @@ impl DeliveryBody {
             event_type: s.event_type.clone(),
             state: s.status.as_str().to_owned(),
             attempts: s.attempts,
-            first_attempt_at: time(s.first_attempt_at),
-            last_attempt_at: time(s.last_attempt_at),
-            next_attempt_at: s.next_attempt_at.map(time),
+            first_attempt_at: time(s.first_attempt_at.unwrap_or(s.created_at)),
+            last_attempt_at: time(s.last_attempt_at.unwrap_or(s.updated_at)),
+            next_attempt_at: s.scheduled.map(|x| time(x.next_attempt_at)),
             last_status: s.last_status,
             last_error_class: s.last_error_class.map(|c| c.as_str().to_owned()),
         }

@@ -2166,6 +2166,7 @@ async fn the_replay_audit_trail_is_read_newest_first_and_tenants_read_their_own(
                 count: 1,
                 dry_run: i == 0,
                 tenant: (i == 1).then(|| Tenant::parse("acme").unwrap()),
+                asked_by: None,
             })
             .await
             .unwrap();

@@ -355,6 +355,7 @@ impl Settling<'_> {
             replay_id: record.replay_id.clone(),
             outcome,
             record: read_at,
+            request_headers: vec![],
         }
     }
 }

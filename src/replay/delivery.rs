@@ -38,13 +38,13 @@ pub async fn locate(
     delivery: &DeliveryState,
 ) -> Result<Option<DlqPosition>, ReplayError> {
     let from = delivery
-        .last_attempt_at
+        .updated_at
         .checked_sub(LOCATE_BEFORE)
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let mut scan = DlqScan::start(
         target,
         unix_millis(from),
-        unix_millis(delivery.last_attempt_at + LOCATE_AFTER),
+        unix_millis(delivery.updated_at + LOCATE_AFTER),
         LOCATE_LIMIT,
     )?;
     loop {
@@ -210,6 +210,7 @@ async fn send_again(
         count: 1,
         dry_run: false,
         tenant: Some(delivery.tenant.clone()),
+        asked_by: None,
     };
     record_audit(store, &audit)
         .await

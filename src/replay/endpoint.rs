@@ -96,6 +96,7 @@ pub async fn replay_endpoint(
         count: done.replayed,
         dry_run: false,
         tenant: Some(request.tenant.clone()),
+        asked_by: None,
     };
     record_audit(store, &audit)
         .await

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::attempt::ErrorClass;
 use crate::dead_reason::DeadReason;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
+use crate::park_reason::ParkReason;
 
 pub mod conformance;
 #[cfg(test)]
@@ -26,33 +27,80 @@ pub mod scylla;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryStatus {
-    /// Fanned out, no attempt finished yet (or parked before its first attempt).
+    /// Fanned out, not attempted and not parked yet.
     Pending,
+    /// Waiting in a delay tier: a retry after a failed attempt, or parked
+    /// ([`DeliveryState::scheduled`] says why and until when).
+    Scheduled,
     /// A 2xx was received.
     Succeeded,
-    /// The last attempt failed and a retry is scheduled.
-    Failed,
-    /// Dead-lettered.
+    /// Dead-lettered, after attempts or without one ([`DeliveryState::dead_reason`] says why).
     Dead,
 }
 
 impl DeliveryStatus {
+    /// Every status, in the order a delivery moves through them.
+    pub const ALL: [DeliveryStatus; 4] = [
+        DeliveryStatus::Pending,
+        DeliveryStatus::Scheduled,
+        DeliveryStatus::Succeeded,
+        DeliveryStatus::Dead,
+    ];
+
     /// The stable string form (API, CQL).
     pub const fn as_str(self) -> &'static str {
         match self {
             DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Scheduled => "scheduled",
             DeliveryStatus::Succeeded => "succeeded",
-            DeliveryStatus::Failed => "failed",
             DeliveryStatus::Dead => "dead",
         }
     }
 
-    /// Parses the string form.
+    /// Parses the string form; `failed`, the name a scheduled retry had before parked
+    /// deliveries were shown, is read as [`DeliveryStatus::Scheduled`].
     pub fn parse(s: &str) -> Option<DeliveryStatus> {
-        [Self::Pending, Self::Succeeded, Self::Failed, Self::Dead]
-            .into_iter()
-            .find(|v| v.as_str() == s)
+        if s == "failed" {
+            return Some(DeliveryStatus::Scheduled);
+        }
+        Self::ALL.into_iter().find(|v| v.as_str() == s)
     }
+}
+
+/// Why a scheduled delivery waits in a delay tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScheduleReason {
+    /// Its last attempt failed and a retry is due.
+    Retry,
+    /// The delivery stage parked it without attempting it.
+    Parked(ParkReason),
+}
+
+impl ScheduleReason {
+    /// The stable string form (API, CQL): `retry`, or the park reason (`breaker_open`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScheduleReason::Retry => "retry",
+            ScheduleReason::Parked(p) => p.as_str(),
+        }
+    }
+
+    /// Parses the string form.
+    pub fn parse(s: &str) -> Option<ScheduleReason> {
+        if s == "retry" {
+            return Some(ScheduleReason::Retry);
+        }
+        ParkReason::parse(s).map(ScheduleReason::Parked)
+    }
+}
+
+/// When a scheduled delivery is due again, and why it waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheduled {
+    /// Why it waits.
+    pub reason: ScheduleReason,
+    /// When it is due.
+    pub next_attempt_at: SystemTime,
 }
 
 /// What an attempt led to.
@@ -106,6 +154,9 @@ pub struct AttemptRow {
     /// Where in the deliveries topic the record this attempt sent was read: a delivered
     /// delivery is sent again from there. `None` in rows logged before hookline kept it.
     pub record: Option<RecordPosition>,
+    /// The request's headers as sent (name, value), in order; empty when nothing was sent,
+    /// and in rows logged before hookline kept them. Holds no secret: signatures only.
+    pub request_headers: Vec<(String, String)>,
 }
 
 /// A record's place in a topic hookline knows by its role (the deliveries topic, the DLQ).
@@ -117,7 +168,8 @@ pub struct RecordPosition {
     pub offset: i64,
 }
 
-/// A delivery's current state: one row per (event, endpoint).
+/// A delivery's current state: one per (event, endpoint), derived from what the store holds of
+/// it (its creation at fan-out, its attempts, the notes the delivery stage left).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeliveryState {
     /// Deterministic id of (event, endpoint).
@@ -132,18 +184,107 @@ pub struct DeliveryState {
     pub event_type: String,
     /// Where it stands.
     pub status: DeliveryStatus,
-    /// Attempts made so far (all replays included).
+    /// HTTP attempts made so far (all replays included); notes are not attempts.
     pub attempts: u32,
-    /// When the first attempt started.
-    pub first_attempt_at: SystemTime,
-    /// When the latest attempt started.
-    pub last_attempt_at: SystemTime,
-    /// When the next attempt is due, if one is scheduled.
-    pub next_attempt_at: Option<SystemTime>,
+    /// When the store first heard of it: its fan-out, or (for deliveries fanned out before
+    /// hookline recorded that) its first attempt or note. Orders the endpoint's history.
+    pub created_at: SystemTime,
+    /// When its state last changed (the latest attempt or note).
+    pub updated_at: SystemTime,
+    /// When the first attempt started; `None` before any.
+    pub first_attempt_at: Option<SystemTime>,
+    /// When the latest attempt started; `None` before any.
+    pub last_attempt_at: Option<SystemTime>,
+    /// Status [`DeliveryStatus::Scheduled`]: why it waits and until when.
+    pub scheduled: Option<Scheduled>,
+    /// Status [`DeliveryStatus::Dead`]: why it was dead-lettered.
+    pub dead_reason: Option<DeadReason>,
     /// The latest HTTP status, if any.
     pub last_status: Option<u16>,
     /// The latest error class, if any.
     pub last_error_class: Option<ErrorClass>,
+}
+
+/// What the delivery stage noted about a delivery without attempting it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoteKind {
+    /// Parked in a delay tier until `next_attempt_at`.
+    Parked {
+        /// Why.
+        reason: ParkReason,
+        /// When it is due again.
+        next_attempt_at: SystemTime,
+    },
+    /// Dead-lettered without being sent (endpoint deleted or disabled, window spent while
+    /// parked, no signing secret).
+    Dead {
+        /// Why.
+        reason: DeadReason,
+    },
+}
+
+/// A change of a delivery's state that no attempt made: the delivery stage parked it, or
+/// dead-lettered it without sending it. Durable when [`DeliveryStore::record_note`] returns `Ok`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeliveryNote {
+    /// The delivery.
+    pub delivery_id: DeliveryId,
+    /// The event.
+    pub event_id: EventId,
+    /// The endpoint.
+    pub endpoint_id: EndpointId,
+    /// The endpoint's tenant.
+    pub tenant: Tenant,
+    /// The event's type.
+    pub event_type: String,
+    /// When it happened.
+    pub at: SystemTime,
+    /// What happened.
+    pub kind: NoteKind,
+    /// Set when the delivery belongs to a replay.
+    pub replay_id: Option<String>,
+}
+
+/// An event as the fan-out produced it: written once every delivery record made from it is
+/// acknowledged, before its input offset settles. The store also creates each delivery as
+/// [`DeliveryStatus::Pending`] and its entry in its endpoint's history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRow {
+    /// Owner of the event.
+    pub tenant: Tenant,
+    /// The event's id (`webhook-id`).
+    pub event_id: EventId,
+    /// The event's type.
+    pub event_type: String,
+    /// The event's own time (the body's `timestamp`).
+    pub occurred_at: SystemTime,
+    /// When hookline received it: the input record's Kafka timestamp, the same every time the
+    /// record is read, so a fan-out repeated after a crash writes the same row. Orders the
+    /// events API.
+    pub received_at: SystemTime,
+    /// The body sent to receivers, exactly as serialised at fan-out (`{"id","type",
+    /// "timestamp","data"}`).
+    pub body: bytes::Bytes,
+    /// What identifies the event's content, to tell a repeat from a different event with the
+    /// same id ([`crate::input`] computes it the same for `POST /v1/events` and the fan-out).
+    pub fingerprint: String,
+    /// The endpoints it was fanned out to (one delivery each, id from event and endpoint).
+    pub endpoints: Vec<EndpointId>,
+}
+
+/// An events page request: newest first (by `received_at`), `cursor` from the previous page.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventQuery {
+    /// Only events of this exact type.
+    pub event_type: Option<String>,
+    /// Only events received at or after this time.
+    pub since: Option<SystemTime>,
+    /// Only events received before this time.
+    pub until: Option<SystemTime>,
+    /// Opaque cursor returned by the previous page.
+    pub cursor: Option<String>,
+    /// Page size (clamped by the store to 1..=500).
+    pub limit: u32,
 }
 
 /// One replay, for the audit trail.
@@ -168,6 +309,10 @@ pub struct ReplayAudit {
     /// one tenant's (one endpoint's, say); `None` for a range that held several tenants' (or
     /// none). A tenant reads the entries that name it.
     pub tenant: Option<Tenant>,
+    /// Which credential asked for it, as the API established it (`key tk_... (name)`,
+    /// `operator token`, `cli`): the caller's free-text `actor` is what it says of itself.
+    /// `None` in entries written before hookline recorded it.
+    pub asked_by: Option<String>,
 }
 
 /// The latest replay that republished a delivery (a mark), or that set out to (a claim). A
@@ -191,7 +336,7 @@ pub struct ReplayMark {
 pub struct HistoryQuery {
     /// Only deliveries in this state.
     pub status: Option<DeliveryStatus>,
-    /// Only deliveries whose first attempt is at or after this time.
+    /// Only deliveries created at or after this time.
     pub since: Option<SystemTime>,
     /// Opaque cursor returned by the previous page.
     pub cursor: Option<String>,
@@ -243,17 +388,32 @@ impl StoreError {
 pub trait DeliveryStore: Send + Sync + 'static {
     /// Logs one attempt and updates its delivery's state. Durable when it returns `Ok`.
     async fn record_attempt(&self, row: &AttemptRow) -> Result<(), StoreError>;
-    /// The delivery's state, if any attempt was logged for it.
+    /// Records a state change no attempt made (parked, dead-lettered unsent). Durable when it
+    /// returns `Ok`; idempotent.
+    async fn record_note(&self, note: &DeliveryNote) -> Result<(), StoreError>;
+    /// Records an event the fan-out produced, each of its deliveries as pending, and their
+    /// history entries. Durable when it returns `Ok`; idempotent.
+    async fn record_event(&self, event: &EventRow) -> Result<(), StoreError>;
+    /// The tenant's event with this id, if kept.
+    async fn event(&self, tenant: &Tenant, id: &EventId) -> Result<Option<EventRow>, StoreError>;
+    /// A tenant's events, newest first, paged. New events arriving between pages never shift
+    /// them.
+    async fn events(
+        &self,
+        tenant: &Tenant,
+        query: &EventQuery,
+    ) -> Result<Page<EventRow>, StoreError>;
+    /// The delivery's state, if the store holds anything of it.
     async fn delivery(&self, id: &DeliveryId) -> Result<Option<DeliveryState>, StoreError>;
     /// Every attempt of a delivery, oldest first.
     async fn attempts(&self, id: &DeliveryId) -> Result<Vec<AttemptRow>, StoreError>;
-    /// An endpoint's deliveries, newest first (by first attempt), paged.
+    /// An endpoint's deliveries, newest first (by creation), paged.
     async fn endpoint_deliveries(
         &self,
         endpoint: &EndpointId,
         query: &HistoryQuery,
     ) -> Result<Page<DeliveryState>, StoreError>;
-    /// Every delivery of one event (one per endpoint it fanned out to).
+    /// Every delivery of one event (one per endpoint it fanned out to), every tenant's.
     async fn event_deliveries(&self, event: &EventId) -> Result<Vec<DeliveryState>, StoreError>;
     /// Records a replay in the audit trail.
     async fn record_replay(&self, audit: &ReplayAudit) -> Result<(), StoreError>;
@@ -282,40 +442,4 @@ pub trait DeliveryStore: Send + Sync + 'static {
         claim: &ReplayMark,
         over: Option<&str>,
     ) -> Result<bool, StoreError>;
-}
-
-impl DeliveryState {
-    /// The state a delivery is in after `row`, given its previous state. Attempts may be logged
-    /// out of order (a duplicate after a crash): the latest-started attempt sets the status.
-    pub fn after(previous: Option<&DeliveryState>, row: &AttemptRow) -> DeliveryState {
-        if let Some(p) = previous.filter(|p| p.last_attempt_at > row.started_at) {
-            let mut kept = p.clone();
-            kept.attempts += 1;
-            kept.first_attempt_at = kept.first_attempt_at.min(row.started_at);
-            return kept;
-        }
-        let (status, next_attempt_at) = match row.outcome {
-            AttemptOutcome::Succeeded => (DeliveryStatus::Succeeded, None),
-            AttemptOutcome::RetryScheduled { next_attempt_at } => {
-                (DeliveryStatus::Failed, Some(next_attempt_at))
-            }
-            AttemptOutcome::Dead { .. } => (DeliveryStatus::Dead, None),
-        };
-        let first_attempt_at =
-            previous.map_or(row.started_at, |p| p.first_attempt_at.min(row.started_at));
-        DeliveryState {
-            delivery_id: row.delivery_id.clone(),
-            event_id: row.event_id.clone(),
-            endpoint_id: row.endpoint_id.clone(),
-            tenant: row.tenant.clone(),
-            event_type: row.event_type.clone(),
-            status,
-            attempts: previous.map_or(0, |p| p.attempts) + 1,
-            first_attempt_at,
-            last_attempt_at: row.started_at,
-            next_attempt_at,
-            last_status: row.status,
-            last_error_class: row.error_class,
-        }
-    }
 }

@@ -10,6 +10,7 @@ use super::handle::{Hot, error_class_label};
 use super::name;
 use crate::attempt::ErrorClass;
 use crate::dead_reason::DeadReason;
+pub use crate::park_reason::ParkReason;
 use crate::repeat_log::RepeatLog;
 
 /// One HTTP attempt finished.
@@ -74,42 +75,6 @@ pub fn dead_lettered(delivery_id: &str, endpoint_id: &str, reason: DeadReason) {
     );
     counter!(name::DELIVERIES, "outcome" => "dead").increment(1);
     counter!(name::DEAD_LETTERS, "reason" => reason.as_str()).increment(1);
-}
-
-/// Why a record was parked instead of sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
-#[strum(serialize_all = "snake_case")]
-pub enum ParkReason {
-    /// The endpoint's queue is full (as long as the partition's window) or the stage holds as
-    /// many lanes as it may; also what is queued when the stage stops, and a record that
-    /// arrived before it was due.
-    LaneFull,
-    /// The endpoint answers slower than its records arrive: its queue already holds what it
-    /// sends within the shortest tier (at its rate limit, or its concurrency over its answer
-    /// time), and the record waits parked for its turn.
-    SlowEndpoint,
-    /// The endpoint's breaker is open.
-    BreakerOpen,
-    /// The endpoint stopped answering: every slot its lane admits is taken and none has
-    /// finished for a while.
-    Stalled,
-    /// This instance's endpoint view lacks the endpoint or has it disabled, and has not been
-    /// confirmed current within 10 s: it may be behind the instance that made the delivery.
-    ViewBehind,
-    /// The record's attempt panicked (a bug in hookline; see [`super::attempt_panicked`]).
-    Panicked,
-}
-
-impl ParkReason {
-    /// Every reason, in declaration order.
-    pub fn all() -> impl Iterator<Item = ParkReason> {
-        <ParkReason as strum::IntoEnumIterator>::iter()
-    }
-
-    /// The label value: the variant's name in snake case.
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// A record was parked in a delay tier.
