@@ -20,6 +20,7 @@ use rdkafka::message::Message;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::event_type::EventType;
@@ -68,6 +69,27 @@ impl InputEvent {
             &self.payload,
         )
     }
+
+    /// The event's [`fingerprint`], lowercase hex: what the store keeps to tell a repeat of
+    /// this event from a different event with the same id.
+    pub fn fingerprint_hex(&self) -> String {
+        fingerprint(&self.tenant, &self.event_type, &self.payload)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+/// What makes two copies of one event id the same event: tenant, type and payload bytes.
+/// `POST /v1/events` and the fan-out compute it alike, so a repeat is told from a different
+/// event that reuses the id.
+pub fn fingerprint(tenant: &Tenant, event_type: &EventType, payload: &RawValue) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for part in [tenant.as_str(), event_type.as_str(), payload.get()] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    h.finalize().into()
 }
 
 /// Which format an input topic carries.

@@ -33,13 +33,13 @@ use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
-use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::config::KafkaConfig;
 use crate::event_type::EventType;
 use crate::id::{EventId, Tenant};
+use crate::input::fingerprint;
 use crate::record::{UnixMillis, rfc3339_millis};
 
 use super::AdminState;
@@ -390,16 +390,6 @@ impl RecentIds {
         r.order.push_back((key, seq));
         Claim::Slot(cell)
     }
-}
-
-/// What makes two posts with one id the same event: tenant, type and payload bytes.
-pub fn fingerprint(tenant: &Tenant, event_type: &EventType, payload: &RawValue) -> [u8; 32] {
-    let mut h = Sha256::new();
-    for part in [tenant.as_str(), event_type.as_str(), payload.get()] {
-        h.update((part.len() as u64).to_be_bytes());
-        h.update(part.as_bytes());
-    }
-    h.finalize().into()
 }
 
 /// `POST /v1/events` body. `tenant` may be omitted with a tenant token (it defaults to the
