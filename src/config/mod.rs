@@ -1,7 +1,7 @@
 //! The one typed configuration, layered: built-in defaults < `--config FILE` (TOML) < environment.
 //!
 //! One file per section (`kafka`, `retry`, `delivery`, `http`, `admin`, `metrics`, `security`,
-//! `store`) holds its table's type, defaults and rules; `env` lays `HOOKLINE_*` variables
+//! `store`, `ingest`) holds its table's type, defaults and rules; `env` lays `HOOKLINE_*` variables
 //! over the file (its documentation gives the mapping); `error` says what is wrong without
 //! quoting a secret. This file holds [`Config`] and the loading that joins them.
 //!
@@ -19,6 +19,7 @@ mod delivery;
 mod env;
 mod error;
 mod http;
+mod ingest;
 mod kafka;
 mod metrics;
 mod retry;
@@ -39,6 +40,7 @@ use self::env::{env_vars, overlay_env};
 pub use self::error::ConfigError;
 use self::error::{de_error, invalid, line_col};
 pub use self::http::HttpConfig;
+pub use self::ingest::{IngestConfig, MAX_DEDUPE_WINDOW};
 pub use self::kafka::{KafkaConfig, OutboxConfig, TopicsConfig};
 pub use self::metrics::MetricsConfig;
 pub use self::retry::{MAX_TIER, MAX_TIERS, RetryConfig};
@@ -67,6 +69,8 @@ pub struct Config {
     pub security: SecurityConfig,
     /// Where attempts and delivery history are kept.
     pub store: StoreConfig,
+    /// Event ingest: deduplication across instances and restarts.
+    pub ingest: IngestConfig,
 }
 
 impl Config {
@@ -216,6 +220,7 @@ impl Config {
         self.admin.validate()?;
         self.metrics.validate(&self.admin)?;
         self.store.validate()?;
+        self.ingest.validate()?;
         Ok(())
     }
 }
