@@ -76,7 +76,7 @@
 //! `random` letters and digits, new for every event, or `repeat`, one letter; see [`Pad`]),
 //! `HOOKLINE_BENCH_CLIENT` (`k=v,...`: librdkafka properties for hookline's clients, as
 //! `kafka.client` would give them), `HOOKLINE_BENCH_STORE` (`memory` | `scylla`: the CQL store of
-//! `tests/services up`, keyspace `hookline`, migrated first, logged in as
+//! `tests/services up`, keyspace `HOOKLINE_BENCH_CQL_KEYSPACE` (default `hookline_bench`), migrated first, logged in as
 //! `HOOKLINE_BENCH_CQL_USER` / `HOOKLINE_BENCH_CQL_PASSWORD`, default cassandra/cassandra),
 //! `HOOKLINE_BENCH_STORE_CAPACITY` (the memory store's `store.memory.capacity`, 200000: a run
 //! delivers more than that, so the store forgets a delivery for each new one from the
@@ -133,10 +133,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 mod common;
+#[path = "e2e_parts/cql_cost.rs"]
+mod cql_cost;
 use common::{
     BROKER_WARM, CpuUse, asked_for, client_overrides, cpu_sample, cpu_use, delete_topics, env,
     load_average, local_broker_pid, percentile, process_age, wait_for_leaders,
 };
+use cql_cost::{CqlCost, CqlMeter};
 
 // The pipeline runs in-process here, so the bench needs the binary's allocator to measure it.
 #[global_allocator]
@@ -1070,6 +1073,7 @@ fn bench_config(s: &Settings, run: &str) -> Config {
         other => panic!("HOOKLINE_BENCH_STORE={other:?}: memory or scylla"),
     };
     c.store.memory.capacity = s.store_capacity;
+    c.store.scylla.keyspace = env("HOOKLINE_BENCH_CQL_KEYSPACE", "hookline_bench".to_owned());
     // The CQL node of `tests/services up` asks for a login: its default superuser unless
     // HOOKLINE_BENCH_CQL_USER / HOOKLINE_BENCH_CQL_PASSWORD name another.
     let login = |var, default: &str| std::env::var(var).unwrap_or_else(|_| default.to_owned());
@@ -1197,6 +1201,8 @@ struct Report {
     body_seen: u64,
     throughput: Rate,
     throughput_cpu: Option<CpuUse>,
+    /// What the CQL node did per delivery in the throughput run, with the CQL store.
+    throughput_cql: Option<CqlCost>,
     /// Records the delivery stage parked during the throughput run (see [`tier_records`]).
     throughput_parked: Parked,
     /// The paced run at half the sustained rate.
@@ -1425,6 +1431,19 @@ impl Report {
             row(
                 "CPU µs per raw-ceiling request (bench)",
                 format!("{raw_us:.1}"),
+                "",
+            );
+        }
+        if let Some(c) = self.throughput_cql {
+            row(
+                "CQL: mutations per delivery (throughput)",
+                format!("{:.2}", c.mutations),
+                "",
+            );
+            row(
+                "CQL: node CPU µs per delivery (throughput)",
+                c.cpu_us
+                    .map_or_else(|| "not local".into(), |us| format!("{us:.0}")),
                 "",
             );
         }
@@ -1923,6 +1942,14 @@ async fn run(s: Settings) -> Report {
     let expected = s.events * e;
     let watcher = rx.spawn_watch(all.clone(), expected, s.phase_deadline);
     let parked_before = tokio::task::block_in_place(|| tier_records(&config));
+    let cql = match config.store.kind {
+        StoreKind::Scylla => Some(CqlMeter::connect(&config).await),
+        StoreKind::Memory => None,
+    };
+    let cql_before = match &cql {
+        Some(m) => Some(m.sample().await),
+        None => None,
+    };
     let cpu_before = cpu_sample(broker.as_deref());
     let base = rx.total(&all);
     let delivered = || rx.total(&all) - base;
@@ -1942,6 +1969,10 @@ async fn run(s: Settings) -> Report {
         cpu_sample(broker.as_deref()),
         throughput.delivered,
     );
+    let throughput_cql = match (&cql, cql_before) {
+        (Some(m), Some(before)) => Some(before.cost_to(m.sample().await, throughput.delivered)),
+        _ => None,
+    };
     let throughput_parked =
         tokio::task::block_in_place(|| tier_records(&config)).since(&parked_before);
     eprintln!(
@@ -2116,6 +2147,7 @@ async fn run(s: Settings) -> Report {
         throughput,
         raw_cpu_us,
         throughput_cpu,
+        throughput_cql,
         throughput_parked,
         latency,
         sweep,

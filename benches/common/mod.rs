@@ -107,16 +107,17 @@ pub fn process_age(pid: &str) -> Option<Duration> {
 pub const BROKER_WARM: Duration = Duration::from_secs(180);
 
 /// The pid of the Kafka broker at `bootstrap` (its first `host:port`) when it runs on this
-/// machine: the process holding the socket that listens on that port. When the sockets of other
-/// users cannot be read, the first process with `kafka.Kafka` on its command line.
+/// machine (see [`local_server_pid`]).
 pub fn local_broker_pid(bootstrap: &str) -> Option<String> {
-    let port: u16 = bootstrap
-        .split(',')
-        .next()?
-        .rsplit_once(':')?
-        .1
-        .parse()
-        .ok()?;
+    local_server_pid(bootstrap, b"kafka.Kafka")
+}
+
+/// The pid of the server at `addrs` (the first of its comma-separated `host:port`s) when it
+/// runs on this machine: the process holding the socket that listens on that port. When the
+/// sockets of other users cannot be read, the first process with `main_class` on its command
+/// line.
+pub fn local_server_pid(addrs: &str, main_class: &[u8]) -> Option<String> {
+    let port: u16 = addrs.split(',').next()?.rsplit_once(':')?.1.parse().ok()?;
     let listening: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .filter_map(|f| std::fs::read_to_string(f).ok())
@@ -162,7 +163,7 @@ pub fn local_broker_pid(bootstrap: &str) -> Option<String> {
             std::fs::read(path.join("cmdline"))
                 .ok()?
                 .split(|&b| b == 0)
-                .any(|arg| arg == b"kafka.Kafka")
+                .any(|arg| arg == main_class)
                 .then_some(pid)
         })
     })
