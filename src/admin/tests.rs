@@ -1,5 +1,8 @@
 //! Router tests on in-memory stores: every route and error path, through `oneshot`.
 
+/// Deliveries in every state, the request as sent, the events list, ingest repeats.
+mod reads;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,6 +3,7 @@
 mod cql_pipeline;
 mod cql_store;
 mod dev;
+mod events_api;
 mod helm;
 mod image;
 mod layers;
