@@ -339,6 +339,19 @@ impl RecentIds {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Forgets (`tenant`, `id`) if its slot is still `cell` and nothing was published through
+    /// it, so that a claim made for content the store refused does not stand for the id.
+    pub fn forget(&self, tenant: &Tenant, id: &EventId, cell: &Arc<OnceCell<()>>) {
+        let key = (tenant.clone(), id.clone());
+        let mut r = self.lock();
+        if r.slots
+            .get(&key)
+            .is_some_and(|s| Arc::ptr_eq(&s.cell, cell) && !s.cell.initialized())
+        {
+            r.slots.remove(&key);
+        }
+    }
+
     /// Finds or creates the slot of (`tenant`, `id`) for an event whose content hashes to
     /// `fingerprint`.
     pub fn claim(&self, tenant: &Tenant, id: &EventId, fingerprint: [u8; 32]) -> Claim {
@@ -393,21 +406,6 @@ impl RecentIds {
         );
         r.order.push_back((key, seq));
         Claim::Slot(cell)
-    }
-}
-
-impl RecentIds {
-    /// Forgets (`tenant`, `id`) if its slot is still `cell` and nothing was published through
-    /// it, so that a claim made for content the store refused does not stand for the id.
-    pub fn forget(&self, tenant: &Tenant, id: &EventId, cell: &Arc<OnceCell<()>>) {
-        let key = (tenant.clone(), id.clone());
-        let mut r = self.lock();
-        if r.slots
-            .get(&key)
-            .is_some_and(|s| Arc::ptr_eq(&s.cell, cell) && !s.cell.initialized())
-        {
-            r.slots.remove(&key);
-        }
     }
 }
 
