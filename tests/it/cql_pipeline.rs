@@ -45,13 +45,13 @@ const WAIT: Duration = Duration::from_secs(90);
 const OPERATOR_TOKEN: &str = "it-operator-token-0123456789";
 
 /// A fresh keyspace on the test server, migrated, dropped by [`Keyspace::run`].
-struct Keyspace {
+pub(crate) struct Keyspace {
     session: Session,
     name: String,
 }
 
 impl Keyspace {
-    async fn migrated() -> Keyspace {
+    pub(crate) async fn migrated() -> Keyspace {
         let node = require_cql().await;
         let name = format!("hl_pipe_{}", &Uuid::new_v4().simple().to_string()[..12]);
         let config = ScyllaConfig {
@@ -76,7 +76,7 @@ impl Keyspace {
     }
 
     /// Runs `body` with this keyspace, then drops it whether `body` panicked or not.
-    async fn run<F: Future<Output = ()>>(self, body: impl FnOnce(String) -> F) {
+    pub(crate) async fn run<F: Future<Output = ()>>(self, body: impl FnOnce(String) -> F) {
         let outcome = AssertUnwindSafe(body(self.name.clone()))
             .catch_unwind()
             .await;

@@ -4,6 +4,7 @@ mod cql_every_delivery;
 mod cql_pipeline;
 mod cql_store;
 mod dev;
+mod events_api;
 mod helm;
 mod image;
 mod layers;
