@@ -148,6 +148,7 @@ fn request(args: &ReplayArgs) -> Result<ReplayRequest, String> {
         actor: args.actor.clone(),
         reason: args.reason.clone(),
         dry_run: args.dry_run,
+        asked_by: Some("cli".into()),
     };
     request.validate().map_err(|e| e.to_string())?;
     Ok(request)

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::request::Asked;
 use super::{
     DeliveryReplay, EndpointReplay, EndpointReplayRequest, ReplayError, ReplayRequest,
     ReplaySummary, ReplayTarget, check, replay_delivery, replay_endpoint,
@@ -21,8 +22,7 @@ pub trait ApiReplayer: Send + Sync {
     async fn replay(
         &self,
         delivery: &DeliveryState,
-        actor: String,
-        reason: String,
+        asked: Asked,
     ) -> Result<DeliveryReplay, ReplayError>;
 
     /// Replays an endpoint's dead deliveries, as [`replay_endpoint`] does.
@@ -48,10 +48,9 @@ impl ApiReplayer for KafkaReplayer {
     async fn replay(
         &self,
         delivery: &DeliveryState,
-        actor: String,
-        reason: String,
+        asked: Asked,
     ) -> Result<DeliveryReplay, ReplayError> {
-        replay_delivery(&self.target, self.store.as_ref(), delivery, actor, reason).await
+        replay_delivery(&self.target, self.store.as_ref(), delivery, asked).await
     }
 
     async fn replay_endpoint(

@@ -24,6 +24,7 @@ pub(super) fn request() -> ReplayRequest {
         actor: "oncall".into(),
         reason: "receiver fixed".into(),
         dry_run: false,
+        asked_by: Some("cli".into()),
     }
 }
 

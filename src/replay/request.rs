@@ -22,6 +22,19 @@ pub struct ReplayRequest {
     pub reason: String,
     /// Count what would be replayed, publish nothing.
     pub dry_run: bool,
+    /// Which credential asked (`cli`, `operator token`, ...), for the audit entry.
+    pub asked_by: Option<String>,
+}
+
+/// Who asked for a replay of one delivery, and why, for its audit entry.
+#[derive(Debug, Clone)]
+pub struct Asked {
+    /// Who asks, in the caller's words.
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+    /// Which credential asked, as the admin API established it.
+    pub asked_by: Option<String>,
 }
 
 impl ReplayRequest {

@@ -15,3 +15,4 @@ mod services;
 mod signing;
 mod ssrf;
 mod support;
+mod tenants;
