@@ -166,12 +166,11 @@ pub async fn replay_range(
         actor,
         reason,
         dry_run: req.dry_run,
-        asked_by: Some(caller.asked_by()),
     };
-    let done = on_replayer(
-        &state,
-        move |r| async move { r.replay_range(&request).await },
-    )
+    let asked_by = caller.asked_by();
+    let done = on_replayer(&state, move |r| async move {
+        r.replay_range(&request, asked_by).await
+    })
     .await?;
     tracing::info!(replay_id = %done.replay_id, replayed = done.replayed, dry_run = req.dry_run,
         "DLQ range replayed");

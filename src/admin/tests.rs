@@ -1874,6 +1874,7 @@ impl crate::replay::ApiReplayer for FakeReplayer {
     async fn replay_range(
         &self,
         request: &crate::replay::ReplayRequest,
+        asked_by: String,
     ) -> Result<crate::replay::ReplaySummary, crate::replay::ReplayError> {
         use crate::replay::ReplayError;
         match request.partition {
@@ -1890,7 +1891,7 @@ impl crate::replay::ApiReplayer for FakeReplayer {
                 to: request.to_offset,
             }),
             _ => {
-                self.asked_by.lock().unwrap().push(request.asked_by.clone());
+                self.asked_by.lock().unwrap().push(Some(asked_by));
                 self.asked.lock().unwrap().push((
                     format!(
                         "{} {}..={} {:?} {}",

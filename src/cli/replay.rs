@@ -82,6 +82,7 @@ pub(super) fn run(args: &ReplayArgs) -> ExitCode {
             }
         };
         checked
+            .asked_by("cli")
             .run(store.as_ref(), &mut progress)
             .await
             .map_err(|e| e.to_string())
@@ -148,7 +149,6 @@ fn request(args: &ReplayArgs) -> Result<ReplayRequest, String> {
         actor: args.actor.clone(),
         reason: args.reason.clone(),
         dry_run: args.dry_run,
-        asked_by: Some("cli".into()),
     };
     request.validate().map_err(|e| e.to_string())?;
     Ok(request)

@@ -296,7 +296,12 @@ mod tests {
             dlq: "hookline.dlq".into(),
             deliveries: "hookline.deliveries".into(),
         };
-        let err = replay_delivery(&target, &store, &delivery, "a".into(), "b".into())
+        let asked = Asked {
+            actor: "a".into(),
+            reason: "b".into(),
+            asked_by: None,
+        };
+        let err = replay_delivery(&target, &store, &delivery, asked)
             .await
             .unwrap_err();
         assert!(

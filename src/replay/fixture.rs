@@ -24,7 +24,6 @@ pub(super) fn request() -> ReplayRequest {
         actor: "oncall".into(),
         reason: "receiver fixed".into(),
         dry_run: false,
-        asked_by: Some("cli".into()),
     }
 }
 

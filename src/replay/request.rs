@@ -22,8 +22,6 @@ pub struct ReplayRequest {
     pub reason: String,
     /// Count what would be replayed, publish nothing.
     pub dry_run: bool,
-    /// Which credential asked (`cli`, `operator token`, ...), for the audit entry.
-    pub asked_by: Option<String>,
 }
 
 /// Who asked for a replay of one delivery, and why, for its audit entry.

@@ -99,11 +99,11 @@ impl ApiKey {
     /// A fresh key for `id`.
     fn generate(id: &TenantKeyId) -> ApiKey {
         let mut secret = Zeroizing::new([0u8; SECRET_BYTES]);
-        OsRng.fill_bytes(secret.as_mut());
+        OsRng.fill_bytes(&mut secret[..]);
         ApiKey(Zeroizing::new(format!(
             "{KEY_PREFIX}{}_{}",
             id.hex(),
-            URL_SAFE_NO_PAD.encode(secret.as_ref())
+            URL_SAFE_NO_PAD.encode(&secret[..])
         )))
     }
 

@@ -81,7 +81,7 @@ impl PortalSigner {
     }
 
     fn mac(&self, payload: &str) -> HmacSha256 {
-        let mut mac = <HmacSha256 as Mac>::new_from_slice(self.key.as_ref())
+        let mut mac = <HmacSha256 as Mac>::new_from_slice(&self.key[..])
             .expect("HMAC takes a key of any length");
         mac.update(PORTAL_PREFIX.as_bytes());
         mac.update(payload.as_bytes());

@@ -131,7 +131,7 @@ impl Checked<'_> {
             // A range of DLQ offsets may hold many tenants' deliveries: it is theirs to read
             // only when it held one tenant's alone (an endpoint's, say).
             tenant: covered.tenant(),
-            asked_by: self.request.asked_by.clone(),
+            asked_by: self.asked_by.clone(),
         };
         let recorded = record_audit(store, &audit).await;
         self.outcome(summary, stop, recorded)
