@@ -372,5 +372,6 @@ mod tests {
         let audits = store.replays(None, 10).await.unwrap();
         assert_eq!(audits.len(), 1, "{audits:?}");
         assert_eq!(audits[0].count, 1, "{audits:?}");
+        assert_eq!(audits[0].asked_by.as_deref(), Some("tenant token"));
     }
 }
