@@ -306,6 +306,7 @@ async fn range_replays(cql: &ScyllaStore, count: usize, window: usize) {
             until: SystemTime::now() + Duration::from_secs(1),
             actor: "bench".into(),
             reason: "bench".into(),
+            asked_by: None,
         };
         let began = Instant::now();
         let done = replay_endpoint(&target, store, &request)

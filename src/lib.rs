@@ -28,6 +28,7 @@
 //! - [`input`]: an input record (Debezium outbox or native envelope) into an event, or into
 //!   the reason it is invalid.
 //! - [`subscription`]: event-type filters and the per-tenant index the fan-out queries.
+//! - [`tenant`]: tenant API keys (stored hashed), portal-link tokens, and per-tenant ceilings.
 //!
 //! Infrastructure: Kafka, stores, HTTP and metrics, each behind its own interface.
 //! - [`telemetry`]: typed events that emit a log line and their metrics together; the
@@ -78,6 +79,7 @@ pub mod sealed;
 pub mod signing;
 pub mod ssrf;
 pub mod subscription;
+pub mod tenant;
 
 // Infrastructure.
 pub mod intake;

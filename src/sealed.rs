@@ -84,6 +84,17 @@ impl MasterKey {
         STANDARD.encode(self.0)
     }
 
+    /// A 32-byte key for one `purpose` (`hookline portal link v1`), derived from this key with
+    /// HMAC-SHA256: every instance configured with the same master key derives the same key,
+    /// and a key derived for one purpose reveals nothing of the master key or of another's.
+    pub fn derive(&self, purpose: &str) -> zeroize::Zeroizing<[u8; KEY_LEN]> {
+        use hmac::Mac;
+        let mut mac = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.0)
+            .expect("HMAC takes a key of any length");
+        mac.update(purpose.as_bytes());
+        zeroize::Zeroizing::new(mac.finalize().into_bytes().into())
+    }
+
     fn cipher(&self) -> XChaCha20Poly1305 {
         XChaCha20Poly1305::new((&self.0).into())
     }
@@ -203,6 +214,23 @@ mod tests {
         assert_eq!(open(&key(1), "v1.AAAA", b""), Err(SealError::Malformed));
         let huge = format!("v1.{}", "A".repeat(MAX_SEALED_LEN + 1));
         assert_eq!(open(&key(1), &huge, b""), Err(SealError::Malformed));
+    }
+
+    #[test]
+    fn derived_keys_depend_on_the_master_key_and_the_purpose() {
+        let (a, b) = (key(1), key(2));
+        assert_eq!(
+            *a.derive("x"),
+            *key(1).derive("x"),
+            "the same on every instance"
+        );
+        assert_ne!(*a.derive("x"), *a.derive("y"));
+        assert_ne!(*a.derive("x"), *b.derive("x"));
+        assert_ne!(
+            &*a.derive("x"),
+            &[1u8; KEY_LEN],
+            "not the master key itself"
+        );
     }
 
     #[test]

@@ -220,7 +220,8 @@ pub async fn start_registry(
     failed: &CancellationToken,
 ) -> Result<(Arc<EndpointView>, Arc<dyn EndpointStore>), ServiceError> {
     let key = config.require_master_key()?.clone();
-    let view = Arc::new(EndpointView::new(key.clone()));
+    let view =
+        Arc::new(EndpointView::new(key.clone()).with_tenant_defaults(config.tenant_defaults()));
     let handle = spawn_materializer(
         &config.kafka.endpoints_topic(),
         view.clone(),

@@ -10,6 +10,11 @@
 //! name another (403); endpoints of other tenants are 404 to it, as if absent. `GET
 //! /v1/endpoints` lists the token's tenant, or for an operator the `tenant` given, or all.
 //!
+//! Ceilings: a tenant credential's create and change are checked against its tenant's
+//! ceilings (`max_endpoints`, `max_in_flight`, `rate_limit_per_s`; see [`crate::tenant`]), 422
+//! naming the field and the ceiling; operators' are not. An endpoint is shown as it applies,
+//! its limits lowered to the ceilings; a change starts from what was written.
+//!
 //! The URL is checked for shape (http(s), host, no credentials) and, where the service passes
 //! its [`UrlRules`](super::UrlRules), against what the sender would refuse without DNS: plain
 //! http while it is not allowed, and literal IP hosts in blocked ranges. Host names are not
@@ -191,6 +196,13 @@ pub async fn create(
     check_filters(&req.event_types)?;
     let now = SystemTime::now();
     let endpoint = Endpoint::create(req, now)?;
+    if caller.tenant().is_some() {
+        let view = state.endpoints.view();
+        let ceilings = view.ceilings(&endpoint.tenant);
+        ceilings.check_max_in_flight(&endpoint.tenant, endpoint.max_in_flight)?;
+        ceilings.check_rate(&endpoint.tenant, endpoint.rate_limit_per_s, false)?;
+        ceilings.check_count(&endpoint.tenant, view.count(&endpoint.tenant))?;
+    }
     check_url(&state, &endpoint.url)?;
     let stored = state.endpoints.put(&endpoint).await?;
     let mut out = EndpointBody::of(&stored, now);
@@ -297,8 +309,17 @@ pub async fn patch(
     if let Some(types) = &req.event_types {
         check_filters(types)?;
     }
+    if caller.tenant().is_some() {
+        let ceilings = state.endpoints.view().ceilings(&current.tenant);
+        if let Some(m) = req.max_in_flight {
+            ceilings.check_max_in_flight(&current.tenant, m)?;
+        }
+        if let Some(r) = req.rate_limit_per_s {
+            ceilings.check_rate(&current.tenant, r, r.is_none())?;
+        }
+    }
     let now = SystemTime::now();
-    let mut next = (*current).clone();
+    let mut next = (*as_written(&state, current.clone())).clone();
     next.apply_patch(req, now)?;
     if next.url != current.url {
         check_url(&state, &next.url)?;
@@ -306,6 +327,16 @@ pub async fn patch(
     let stored = state.endpoints.put(&next).await?;
     tracing::info!(endpoint = %stored.id, version = stored.version, "endpoint changed");
     Ok(Json(EndpointBody::of(&stored, now)))
+}
+
+/// `endpoint` as it was written, its own limits rather than those lowered to its tenant's
+/// ceilings: a change keeps them, so raising a ceiling later gives them back.
+fn as_written(state: &AdminState, endpoint: Arc<Endpoint>) -> Arc<Endpoint> {
+    state
+        .endpoints
+        .view()
+        .written(&endpoint.id)
+        .unwrap_or(endpoint)
 }
 
 /// Applies the service's URL rules, when it gave any.
@@ -338,7 +369,7 @@ pub async fn rotate(
 ) -> Result<(StatusCode, Json<Rotated>), ApiError> {
     let current = visible(&state, &caller, &path(id)?)?;
     let now = SystemTime::now();
-    let mut next = (*current).clone();
+    let mut next = (*as_written(&state, current)).clone();
     let key_id = next.rotate(req, now)?;
     let stored = state.endpoints.put(&next).await?;
     let secret = stored

@@ -25,6 +25,10 @@ pub enum ApiError {
     /// 401 `unauthorized`: no bearer token, or one that is not configured.
     #[error("a valid bearer token is required")]
     Unauthorized,
+    /// 401 `unauthorized` with a detail: a credential that was valid and no longer is (an
+    /// expired portal link, a revoked key), or a portal link that is not valid.
+    #[error("{0}")]
+    Unauthenticated(String),
     /// 403 `forbidden`: a tenant token writing under another tenant's name.
     #[error("{0}")]
     Forbidden(String),
@@ -91,7 +95,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized | ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -109,7 +113,7 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::BadRequest(_) => "bad_request",
-            ApiError::Unauthorized => "unauthorized",
+            ApiError::Unauthorized | ApiError::Unauthenticated(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
@@ -144,7 +148,7 @@ impl IntoResponse for ApiError {
             _ => {}
         }
         let mut response = (self.status(), Json(self.body())).into_response();
-        if matches!(self, ApiError::Unauthorized) {
+        if matches!(self, ApiError::Unauthorized | ApiError::Unauthenticated(_)) {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -159,6 +163,15 @@ impl From<EndpointError> for ApiError {
             EndpointError::Invalid { field, reason } => ApiError::Invalid { field, reason },
             // A stored secret that does not open is the server's problem, not the caller's.
             sealed @ EndpointError::Sealed { .. } => ApiError::Internal(sealed.to_string()),
+        }
+    }
+}
+
+impl From<crate::tenant::TenantError> for ApiError {
+    fn from(e: crate::tenant::TenantError) -> ApiError {
+        ApiError::Invalid {
+            field: e.field,
+            reason: e.reason,
         }
     }
 }
@@ -187,6 +200,7 @@ impl From<RegistryError> for ApiError {
                 "endpoint {id} was changed concurrently; read it again and retry"
             )),
             RegistryError::Invalid(e) => e.into(),
+            RegistryError::Tenant(e) => e.into(),
             // Raised at start-up only, never by a write.
             RegistryError::Unopened { .. } => ApiError::Internal(e.to_string()),
         }

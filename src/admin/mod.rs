@@ -13,10 +13,15 @@
 //! | `GET /v1/events/{id}/deliveries` | one row per endpoint the event went to |
 //! | `GET /v1/deliveries/{id}` | state, every attempt and the request as sent |
 //! | `GET /v1/health`, `GET /v1/health/ready` | liveness; readiness (Kafka, endpoint view) |
+//! | `POST / GET /v1/tenants/{tenant}/keys` | issue (201, the key once), list API keys |
+//! | `DELETE /v1/tenants/{tenant}/keys/{id}` | revoke (204) |
+//! | `POST /v1/tenants/{tenant}/portal-links` | a portal link (201, `url`, `expires_at`) |
+//! | `GET / PUT /v1/tenants/{tenant}/limits` | a tenant's ceilings (PUT: operators) |
 //!
 //! Every error is `{"code","detail"}` ([`error::ApiError`]); the detail names the field or
-//! parameter at fault. An operator token sees every tenant; a tenant token sees its own only,
-//! and other tenants' things are 404 to it ([`auth`]). Health routes need no token.
+//! parameter at fault. An operator token sees every tenant; a tenant's credentials (config
+//! token, API key, portal link) see its own only, and other tenants' things are 404 to them; a
+//! read-scoped credential may only read ([`auth`]). Health routes need no token.
 //!
 //! Bounds: request bodies are limited to the payload limit plus room for the envelope (413
 //! beyond), at most [`MAX_CONCURRENT_REQUESTS`] requests are handled at once (503 `unavailable`
@@ -36,9 +41,13 @@ pub mod error;
 pub mod event_list;
 pub mod events;
 pub mod health;
+pub mod keys;
+pub mod limits;
 pub mod replays;
 pub mod sent;
 
+#[cfg(test)]
+mod tenant_tests;
 #[cfg(test)]
 mod tests;
 
@@ -49,7 +58,7 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
@@ -96,6 +105,9 @@ pub struct AdminState {
     /// Runs the replay routes (`POST /v1/deliveries/{id}/replay`, `POST
     /// /v1/endpoints/{id}/replay`, `POST /v1/replays`); `None` answers 503.
     pub replayer: Option<Arc<dyn crate::replay::ApiReplayer>>,
+    /// Issues and checks portal links; `None` answers 503 to `POST
+    /// /v1/tenants/{tenant}/portal-links` and refuses link tokens.
+    pub portal: Option<Arc<keys::PortalLinks>>,
     permits: Arc<Semaphore>,
 }
 
@@ -165,6 +177,7 @@ impl AdminState {
             max_payload_bytes: crate::input::DEFAULT_MAX_PAYLOAD,
             url_rules: None,
             replayer: None,
+            portal: None,
             permits: Arc::new(Semaphore::new(MAX_CONCURRENT_REQUESTS)),
         }
     }
@@ -178,6 +191,20 @@ impl AdminState {
     /// Runs the replay routes with `replayer`.
     pub fn with_replayer(mut self, replayer: Arc<dyn crate::replay::ApiReplayer>) -> AdminState {
         self.replayer = Some(replayer);
+        self
+    }
+
+    /// Issues portal links signed under a key derived from `master`, at `base_url`
+    /// (`admin.public_url`), and accepts their tokens.
+    pub fn with_portal_links(
+        mut self,
+        master: &crate::sealed::MasterKey,
+        base_url: String,
+    ) -> AdminState {
+        self.portal = Some(Arc::new(keys::PortalLinks {
+            signer: crate::tenant::PortalSigner::new(master),
+            base_url,
+        }));
         self
     }
 
@@ -228,6 +255,16 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/v1/replays",
             get(replays::list).post(replays::replay_range),
+        )
+        .route(
+            "/v1/tenants/{tenant}/keys",
+            post(keys::issue).get(keys::list),
+        )
+        .route("/v1/tenants/{tenant}/keys/{id}", delete(keys::revoke))
+        .route("/v1/tenants/{tenant}/portal-links", post(keys::portal_link))
+        .route(
+            "/v1/tenants/{tenant}/limits",
+            get(limits::get).put(limits::put),
         )
         // route_layer: only matched routes authenticate, so an unknown path is a plain 404;
         // and the token is checked before any body is read.

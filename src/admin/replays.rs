@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::id::EndpointId;
 use crate::replay::{
-    ApiReplayer, EndpointReplayRequest, ReplayError, ReplayRequest, ReplaySummary, refusal,
+    ApiReplayer, Asked, EndpointReplayRequest, ReplayError, ReplayRequest, ReplaySummary, refusal,
     standing,
 };
 use crate::storage::ReplayAudit;
@@ -65,6 +65,10 @@ pub struct ReplayEntry {
     /// range of DLQ offsets that held several tenants' (or republished none), and for entries
     /// written before schema version 6.
     pub tenant: Option<String>,
+    /// Which credential asked (`key tk_... (name)`, `tenant token`, `operator token`, `portal
+    /// link (acme)`, `cli`), as hookline established it; `actor` is what the caller said of
+    /// itself. `null` for entries written before hookline recorded it.
+    pub asked_by: Option<String>,
 }
 
 impl ReplayEntry {
@@ -78,6 +82,7 @@ impl ReplayEntry {
             count: a.count,
             dry_run: a.dry_run,
             tenant: a.tenant.as_ref().map(ToString::to_string),
+            asked_by: a.asked_by.clone(),
         }
     }
 }
@@ -162,10 +167,10 @@ pub async fn replay_range(
         reason,
         dry_run: req.dry_run,
     };
-    let done = on_replayer(
-        &state,
-        move |r| async move { r.replay_range(&request).await },
-    )
+    let asked_by = caller.asked_by();
+    let done = on_replayer(&state, move |r| async move {
+        r.replay_range(&request, asked_by).await
+    })
     .await?;
     tracing::info!(replay_id = %done.replay_id, replayed = done.replayed, dry_run = req.dry_run,
         "DLQ range replayed");
@@ -385,9 +390,15 @@ pub async fn replay_delivery(
     }
     takes_replays(&state, &delivery.endpoint_id)?;
     let id = id.clone();
-    let done = on_replayer(&state, move |r| async move {
-        r.replay(&delivery, actor, reason).await
-    })
+    let asked = Asked {
+        actor,
+        reason,
+        asked_by: Some(caller.asked_by()),
+    };
+    let done = on_replayer(
+        &state,
+        move |r| async move { r.replay(&delivery, asked).await },
+    )
     .await?;
     tracing::info!(delivery = %id, replay_id = %done.replay_id, "delivery replayed");
     Ok((
@@ -479,6 +490,7 @@ pub async fn replay_endpoint(
         until,
         actor,
         reason,
+        asked_by: Some(caller.asked_by()),
     };
     let done = on_replayer(
         &state,

@@ -31,17 +31,17 @@ use crate::storage::conformance::attempt_row;
 use crate::storage::memory::MemoryStore;
 use crate::storage::{AttemptOutcome, DeliveryStore};
 
-const OP: &str = "op-token-0123456789abcdef";
-const ACME: &str = "acme-token-0123456789abcdef";
-const GLOBEX: &str = "globex-token-0123456789abcdef";
+pub(super) const OP: &str = "op-token-0123456789abcdef";
+pub(super) const ACME: &str = "acme-token-0123456789abcdef";
+pub(super) const GLOBEX: &str = "globex-token-0123456789abcdef";
 
-struct Fixture {
-    app: Router,
-    endpoints: Arc<MemoryEndpointStore>,
+pub(super) struct Fixture {
+    pub(super) app: Router,
+    pub(super) endpoints: Arc<MemoryEndpointStore>,
     store: Arc<MemoryStore>,
     sink: Arc<MemoryEventSink>,
     kafka: watch::Sender<bool>,
-    state: AdminState,
+    pub(super) state: AdminState,
 }
 
 fn auth() -> AdminConfig {
@@ -71,19 +71,19 @@ fn fixture_with(sink: Arc<dyn EventSink>, mem_sink: Arc<MemoryEventSink>) -> Fix
     }
 }
 
-fn fixture() -> Fixture {
+pub(super) fn fixture() -> Fixture {
     let sink = Arc::new(MemoryEventSink::default());
     fixture_with(sink.clone(), sink)
 }
 
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    text: String,
-    json: Value,
+pub(super) struct Answer {
+    pub(super) status: StatusCode,
+    pub(super) headers: HeaderMap,
+    pub(super) text: String,
+    pub(super) json: Value,
 }
 
-async fn send(app: &Router, req: Request<Body>) -> Answer {
+pub(super) async fn send(app: &Router, req: Request<Body>) -> Answer {
     let res = app.clone().oneshot(req).await.unwrap();
     let status = res.status();
     let headers = res.headers().clone();
@@ -98,7 +98,12 @@ async fn send(app: &Router, req: Request<Body>) -> Answer {
     }
 }
 
-fn request(method: Method, uri: &str, token: Option<&str>, body: Option<&str>) -> Request<Body> {
+pub(super) fn request(
+    method: Method,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> Request<Body> {
     let mut b = Request::builder().method(method).uri(uri);
     if let Some(t) = token {
         b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
@@ -112,12 +117,18 @@ fn request(method: Method, uri: &str, token: Option<&str>, body: Option<&str>) -
     }
 }
 
-async fn call(app: &Router, method: Method, uri: &str, token: &str, body: Option<&str>) -> Answer {
+pub(super) async fn call(
+    app: &Router,
+    method: Method,
+    uri: &str,
+    token: &str,
+    body: Option<&str>,
+) -> Answer {
     send(app, request(method, uri, Some(token), body)).await
 }
 
 /// Asserts an error answer: status, code, and that the detail mentions `needle`.
-fn assert_error(a: &Answer, status: StatusCode, code: &str, needle: &str) {
+pub(super) fn assert_error(a: &Answer, status: StatusCode, code: &str, needle: &str) {
     assert_eq!(a.status, status, "{}", a.text);
     assert_eq!(a.json["code"], code, "{}", a.text);
     let detail = a.json["detail"].as_str().unwrap_or_default();
@@ -127,7 +138,7 @@ fn assert_error(a: &Answer, status: StatusCode, code: &str, needle: &str) {
     );
 }
 
-async fn create(app: &Router, token: &str, body: Value) -> Answer {
+pub(super) async fn create(app: &Router, token: &str, body: Value) -> Answer {
     call(
         app,
         Method::POST,
@@ -145,7 +156,7 @@ async fn created_id(app: &Router, token: &str) -> String {
     a.json["id"].as_str().unwrap().to_owned()
 }
 
-fn acme_endpoint() -> Value {
+pub(super) fn acme_endpoint() -> Value {
     json!({"tenant": "acme", "url": "https://example.com/hook", "event_types": ["order.*"]})
 }
 
@@ -1409,6 +1420,18 @@ impl crate::registry::EndpointStore for Lagging {
     fn delete<'a>(&'a self, _id: &'a EndpointId) -> BoxFuture<'a, Result<(), RegistryError>> {
         Box::pin(async { Err(RegistryError::Kafka("broker down at 10.0.0.1".into())) })
     }
+    fn put_tenant_key<'a>(
+        &'a self,
+        _key: &'a crate::tenant::TenantKey,
+    ) -> BoxFuture<'a, Result<(), RegistryError>> {
+        Box::pin(async { Err(RegistryError::Kafka("broker down at 10.0.0.1".into())) })
+    }
+    fn put_tenant_limits<'a>(
+        &'a self,
+        _limits: &'a crate::tenant::TenantLimits,
+    ) -> BoxFuture<'a, Result<(), RegistryError>> {
+        Box::pin(async { Err(RegistryError::Kafka("broker down at 10.0.0.1".into())) })
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -1815,6 +1838,8 @@ async fn disable(app: &Router, ep: &str) {
 #[derive(Default)]
 struct FakeReplayer {
     asked: std::sync::Mutex<Vec<(String, String, String)>>,
+    /// The credential each replay (by delivery or by range) recorded as asking.
+    asked_by: std::sync::Mutex<Vec<Option<String>>>,
     endpoint_asks: std::sync::Mutex<Vec<crate::replay::EndpointReplayRequest>>,
     gone: std::sync::atomic::AtomicBool,
 }
@@ -1824,8 +1849,7 @@ impl crate::replay::ApiReplayer for FakeReplayer {
     async fn replay(
         &self,
         delivery: &crate::storage::DeliveryState,
-        actor: String,
-        reason: String,
+        asked: crate::replay::Asked,
     ) -> Result<crate::replay::DeliveryReplay, crate::replay::ReplayError> {
         if self.gone.load(Ordering::SeqCst) {
             return Err(crate::replay::ReplayError::DeadLetterGone {
@@ -1833,10 +1857,12 @@ impl crate::replay::ApiReplayer for FakeReplayer {
                 dlq: "hookline.dlq".into(),
             });
         }
-        self.asked
-            .lock()
-            .unwrap()
-            .push((delivery.delivery_id.to_string(), actor, reason));
+        self.asked_by.lock().unwrap().push(asked.asked_by);
+        self.asked.lock().unwrap().push((
+            delivery.delivery_id.to_string(),
+            asked.actor,
+            asked.reason,
+        ));
         Ok(crate::replay::DeliveryReplay {
             replay_id: "rpl_test".into(),
             topic: "hookline.dlq".into(),
@@ -1851,6 +1877,7 @@ impl crate::replay::ApiReplayer for FakeReplayer {
     async fn replay_range(
         &self,
         request: &crate::replay::ReplayRequest,
+        asked_by: String,
     ) -> Result<crate::replay::ReplaySummary, crate::replay::ReplayError> {
         use crate::replay::ReplayError;
         match request.partition {
@@ -1867,6 +1894,7 @@ impl crate::replay::ApiReplayer for FakeReplayer {
                 to: request.to_offset,
             }),
             _ => {
+                self.asked_by.lock().unwrap().push(Some(asked_by));
                 self.asked.lock().unwrap().push((
                     format!(
                         "{} {}..={} {:?} {}",
@@ -1967,6 +1995,14 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
                 "replayed through the admin API".to_owned()
             ),
         ]
+    );
+    assert_eq!(
+        *replayer.asked_by.lock().unwrap(),
+        [
+            Some("tenant token".to_owned()),
+            Some("operator token".to_owned())
+        ],
+        "the audit records which credential asked"
     );
 
     // Another tenant's delivery is not there; nor is an unknown or malformed id.
@@ -2169,7 +2205,7 @@ async fn the_replay_audit_trail_is_read_newest_first_and_tenants_read_their_own(
                 count: 1,
                 dry_run: i == 0,
                 tenant: (i == 1).then(|| Tenant::parse("acme").unwrap()),
-                asked_by: None,
+                asked_by: (i == 1).then(|| "key tk_0190 (deploy bot)".to_owned()),
             })
             .await
             .unwrap();
@@ -2181,9 +2217,14 @@ async fn the_replay_audit_trail_is_read_newest_first_and_tenants_read_their_own(
         json!({"replay_id": "rpl_1", "actor": "alice (with tenant acme's API token)",
                "reason": "receiver fixed", "at": "2027-01-15T08:00:01.000Z",
                "scope": "hookline.dlq partition 2 offsets 41..=41", "count": 1,
-               "dry_run": false, "tenant": "acme"})
+               "dry_run": false, "tenant": "acme", "asked_by": "key tk_0190 (deploy bot)"})
     );
     assert_eq!(a.json["data"][1]["replay_id"], "rpl_0");
+    assert_eq!(
+        a.json["data"][1]["asked_by"],
+        Value::Null,
+        "written before it was recorded"
+    );
     assert_eq!(a.json["data"][1]["dry_run"], true);
     assert_eq!(a.json["data"][1]["tenant"], Value::Null);
     let one = call(&f.app, Method::GET, "/v1/replays?limit=1", OP, None).await;
@@ -2240,6 +2281,7 @@ async fn an_endpoints_dead_deliveries_replay_over_a_time_range() {
             "acme",
             "the audit entry names the tenant"
         );
+        assert_eq!(r.asked_by.as_deref(), Some("tenant token"));
         assert_eq!(
             (r.since, r.until),
             (
@@ -2330,6 +2372,13 @@ async fn operators_replay_a_dlq_range_through_the_api() {
                 "with an operator's API token".to_owned(),
                 "replayed through the admin API".to_owned()
             ),
+        ]
+    );
+    assert_eq!(
+        *replayer.asked_by.lock().unwrap(),
+        [
+            Some("operator token".to_owned()),
+            Some("operator token".to_owned())
         ]
     );
     let a = call(&app, Method::POST, "/v1/replays", ACME, Some(&body)).await;

@@ -96,7 +96,8 @@ pub(super) async fn serve(
     .with_replayer(Arc::new(KafkaReplayer {
         target: config.replay_target(),
         store: handles.store.clone(),
-    }));
+    }))
+    .with_portal_links(config.require_master_key()?, config.admin.public_base());
     let shutdown = shutdown.clone();
     tasks.spawn(async move {
         if let Err(e) = admin::serve(listener, state, shutdown).await {

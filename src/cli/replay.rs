@@ -82,6 +82,7 @@ pub(super) fn run(args: &ReplayArgs) -> ExitCode {
             }
         };
         checked
+            .asked_by("cli")
             .run(store.as_ref(), &mut progress)
             .await
             .map_err(|e| e.to_string())

@@ -98,6 +98,9 @@ pub struct AdminConfig {
     pub operator_tokens: Vec<Token>,
     /// Token → the one tenant it may act for.
     pub tenant_tokens: BTreeMap<Token, Tenant>,
+    /// Where people reach the admin API (and the portal under it), for the portal links it
+    /// issues; `http://<listen>` when unset.
+    pub public_url: Option<String>,
 }
 
 impl Default for AdminConfig {
@@ -106,6 +109,7 @@ impl Default for AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             operator_tokens: vec![],
             tenant_tokens: BTreeMap::new(),
+            public_url: None,
         }
     }
 }
@@ -130,8 +134,20 @@ impl AdminConfig {
 }
 
 impl AdminConfig {
+    /// The base of the portal links this API issues: `public_url` without a trailing `/`, or
+    /// `http://<listen>`.
+    pub fn public_base(&self) -> String {
+        match &self.public_url {
+            Some(u) => u.trim_end_matches('/').to_owned(),
+            None => format!("http://{}", self.listen),
+        }
+    }
+
     /// Every token usable and none repeated, across operators and tenants.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(u) = &self.public_url {
+            check_public_url(u)?;
+        }
         let mut seen = BTreeSet::new();
         let check = |key: String, t: &Token, seen: &mut BTreeSet<Token>| {
             if let Some(why) = token_problem(t.expose()) {
@@ -154,4 +170,26 @@ impl AdminConfig {
         }
         Ok(())
     }
+}
+
+/// `admin.public_url`: an absolute http(s) URL with a host and no query, fragment or
+/// credentials (a link is built by appending `/portal/#token=...`).
+fn check_public_url(raw: &str) -> Result<(), ConfigError> {
+    let key = "admin.public_url";
+    let url =
+        url::Url::parse(raw).map_err(|e| invalid(key, format!("= {raw:?} is not a URL ({e})")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(invalid(
+            key,
+            format!("= {raw:?} must be an http or https URL with a host"),
+        ));
+    }
+    let credentials = !url.username().is_empty() || url.password().is_some();
+    if url.query().is_some() || url.fragment().is_some() || credentials {
+        return Err(invalid(
+            key,
+            format!("= {raw:?} must not carry a query, a fragment or credentials"),
+        ));
+    }
+    Ok(())
 }

@@ -48,6 +48,7 @@ pub(super) fn env_vars() -> Result<Vec<(String, String)>, ConfigError> {
 /// The config file's top-level tables, which a variable names first.
 pub(super) const SECTIONS: &[&str] = &[
     "kafka", "retry", "delivery", "http", "admin", "metrics", "security", "store", "ingest",
+    "tenants",
 ];
 
 /// A variable without `__` is not configuration, but one that starts with a section's name and

@@ -1,7 +1,7 @@
 //! The one typed configuration, layered: built-in defaults < `--config FILE` (TOML) < environment.
 //!
 //! One file per section (`kafka`, `retry`, `delivery`, `http`, `admin`, `metrics`, `security`,
-//! `store`, `ingest`) holds its table's type, defaults and rules; `env` lays `HOOKLINE_*` variables
+//! `store`, `ingest`, `tenants`) holds its table's type, defaults and rules; `env` lays `HOOKLINE_*` variables
 //! over the file (its documentation gives the mapping); `error` says what is wrong without
 //! quoting a secret. This file holds [`Config`] and the loading that joins them.
 //!
@@ -25,6 +25,7 @@ mod metrics;
 mod retry;
 mod security;
 mod store;
+mod tenants;
 #[cfg(test)]
 mod tests;
 
@@ -46,6 +47,7 @@ pub use self::metrics::MetricsConfig;
 pub use self::retry::{MAX_TIER, MAX_TIERS, RetryConfig};
 pub use self::security::SecurityConfig;
 pub use self::store::{MAX_MEMORY_CAPACITY, MemoryStoreConfig, StoreConfig, StoreKind};
+pub use self::tenants::{DEFAULT_MAX_ENDPOINTS, DEFAULT_TENANT_MAX_IN_FLIGHT, TenantsConfig};
 use crate::sealed::MasterKey;
 pub use crate::storage::scylla::ScyllaConfig;
 
@@ -71,6 +73,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// Event ingest: deduplication across instances and restarts.
     pub ingest: IngestConfig,
+    /// Ceilings on every tenant's endpoints.
+    pub tenants: TenantsConfig,
 }
 
 impl Config {
@@ -81,6 +85,15 @@ impl Config {
             client: self.kafka.client.clone(),
             dlq: self.kafka.topics.dlq.clone(),
             deliveries: self.kafka.topics.deliveries.clone(),
+        }
+    }
+
+    /// What the endpoint view needs to apply tenant ceilings: `[tenants]` and
+    /// `delivery.max_in_flight`.
+    pub fn tenant_defaults(&self) -> crate::tenant::TenantDefaults {
+        crate::tenant::TenantDefaults {
+            ceilings: self.tenants.ceilings(),
+            default_max_in_flight: self.delivery.max_in_flight,
         }
     }
 
@@ -221,6 +234,7 @@ impl Config {
         self.metrics.validate(&self.admin)?;
         self.store.validate()?;
         self.ingest.validate()?;
+        self.tenants.validate()?;
         Ok(())
     }
 }

@@ -666,3 +666,60 @@ fn an_env_variable_below_a_value_is_named() {
          HOOKLINE_KAFKA__PARTITIONS__X)"
     );
 }
+
+#[test]
+fn tenant_ceilings_and_the_public_url_are_read_and_checked() {
+    let c = load(
+        "[tenants]\nmax_endpoints = 5\nmax_in_flight = 8\nrate_limit_per_s = 2.5\n\
+         [admin]\npublic_url = \"https://hooks.example.com/\"",
+        &[],
+    )
+    .unwrap();
+    let d = c.tenant_defaults();
+    assert_eq!(
+        (
+            d.ceilings.max_endpoints,
+            d.ceilings.max_in_flight,
+            d.ceilings.rate_limit_per_s
+        ),
+        (Some(5), Some(8), Some(2.5))
+    );
+    assert_eq!(d.default_max_in_flight, c.delivery.max_in_flight);
+    assert_eq!(c.admin.public_base(), "https://hooks.example.com");
+    assert_eq!(
+        Config::default().admin.public_base(),
+        "http://127.0.0.1:8080"
+    );
+    for (text, expected) in [
+        (
+            "[tenants]\nmax_in_flight = 0",
+            "tenants.max_in_flight = 0 must be between 1 and",
+        ),
+        (
+            "[tenants]\nmax_endpoints = 2000000",
+            "tenants.max_endpoints = 2000000 must be at most",
+        ),
+        (
+            "[tenants]\nrate_limit_per_s = 0.0",
+            "tenants.rate_limit_per_s = 0 must be between",
+        ),
+        ("[tenants]\nmax_endpoint = 1", "max_endpoint"),
+        (
+            "[admin]\npublic_url = \"ftp://x\"",
+            "admin.public_url = \"ftp://x\" must be an http",
+        ),
+        (
+            "[admin]\npublic_url = \"https://x/?a=1\"",
+            "must not carry a query",
+        ),
+        (
+            "[admin]\npublic_url = \"nope\"",
+            "admin.public_url = \"nope\" is not a URL",
+        ),
+    ] {
+        let err = load(text, &[]).unwrap_err().to_string();
+        assert!(err.contains(expected), "{text}: {err}");
+    }
+    let env = load("", &[("HOOKLINE_TENANTS__MAX_IN_FLIGHT", "4")]).unwrap();
+    assert_eq!(env.tenants.max_in_flight, 4);
+}

@@ -21,11 +21,15 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{Applied, EndpointStore, EndpointView, RegistryError, encode};
+use super::{
+    Applied, EndpointStore, EndpointView, RegistryError, encode, encode_tenant_key,
+    encode_tenant_limits,
+};
 use crate::endpoint::Endpoint;
 use crate::id::EndpointId;
 use crate::kafka::ClientProperties;
 use crate::sealed::MasterKey;
+use crate::tenant::{TenantKey, TenantLimits};
 
 /// How long metadata and watermark requests may take at start-up.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -328,9 +332,9 @@ impl KafkaEndpointStore {
         })
     }
 
-    async fn produce(&self, id: &EndpointId, value: Option<&[u8]>) -> Result<(), RegistryError> {
+    async fn produce(&self, key: &str, value: Option<&[u8]>) -> Result<(), RegistryError> {
         let started = tokio::time::Instant::now();
-        let mut record = FutureRecord::<str, [u8]>::to(&self.topic).key(id.as_str());
+        let mut record = FutureRecord::<str, [u8]>::to(&self.topic).key(key);
         if let Some(v) = value {
             record = record.payload(v);
         }
@@ -364,7 +368,7 @@ impl EndpointStore for KafkaEndpointStore {
             endpoint.validate()?;
             self.view.check_version(endpoint)?;
             let bytes = encode(endpoint, &self.key);
-            self.produce(&endpoint.id, Some(&bytes)).await?;
+            self.produce(endpoint.id.as_str(), Some(&bytes)).await?;
             // A delete racing behind this write may already have removed it; the caller still
             // gets what it wrote.
             Ok(self
@@ -375,7 +379,27 @@ impl EndpointStore for KafkaEndpointStore {
     }
 
     fn delete<'a>(&'a self, id: &'a EndpointId) -> BoxFuture<'a, Result<(), RegistryError>> {
-        Box::pin(async move { self.produce(id, None).await })
+        Box::pin(async move { self.produce(id.as_str(), None).await })
+    }
+
+    fn put_tenant_key<'a>(
+        &'a self,
+        key: &'a TenantKey,
+    ) -> BoxFuture<'a, Result<(), RegistryError>> {
+        Box::pin(async move {
+            let (k, v) = encode_tenant_key(key)?;
+            self.produce(&k, Some(&v)).await
+        })
+    }
+
+    fn put_tenant_limits<'a>(
+        &'a self,
+        limits: &'a TenantLimits,
+    ) -> BoxFuture<'a, Result<(), RegistryError>> {
+        Box::pin(async move {
+            let (k, v) = encode_tenant_limits(limits)?;
+            self.produce(&k, Some(&v)).await
+        })
     }
 }
 
@@ -476,6 +500,57 @@ mod tests {
         shutdown.cancel();
         task.await.unwrap();
         late_task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_key_revoked_through_one_instance_is_refused_by_another() {
+        use crate::tenant::{Scope, TenantKey};
+        let mock = MockCluster::new(1).unwrap();
+        mock.create_topic("hookline.endpoints", 3, 1).unwrap();
+        let cfg = config(&mock.bootstrap_servers());
+        let key = MasterKey::generate();
+        let shutdown = CancellationToken::new();
+        let mut instances = vec![];
+        for _ in 0..2 {
+            let view = Arc::new(EndpointView::new(key.clone()));
+            let task = spawn_materializer(&cfg, Arc::clone(&view), shutdown.clone())
+                .await
+                .unwrap();
+            view.wait_caught_up(WAIT).await.unwrap();
+            let store =
+                KafkaEndpointStore::new(&cfg, Arc::clone(&view), key.clone(), WAIT).unwrap();
+            instances.push((view, store, task));
+        }
+        let tenant = crate::id::Tenant::parse("acme").unwrap();
+        let (record, secret) =
+            TenantKey::issue(tenant, Scope::Write, None, std::time::SystemTime::now()).unwrap();
+        instances[0].1.put_tenant_key(&record).await.unwrap();
+        let accepted = |v: &EndpointView| {
+            v.tenant_key(&record.id)
+                .is_some_and(|k| k.accepts(secret.expose()))
+        };
+        let other = Arc::clone(&instances[1].0);
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !accepted(&other) {
+            assert!(tokio::time::Instant::now() < deadline, "never seen");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut revoked = record.clone();
+        revoked.revoked_at = Some(std::time::SystemTime::now());
+        instances[0].1.put_tenant_key(&revoked).await.unwrap();
+        assert!(
+            !accepted(&instances[0].0),
+            "refused where it was revoked, at once"
+        );
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while accepted(&other) {
+            assert!(tokio::time::Instant::now() < deadline, "never refused");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        shutdown.cancel();
+        for (_, _, task) in instances {
+            task.await.unwrap();
+        }
     }
 
     /// Writes `writes` endpoints to a topic of `partitions`, the view's next `failed_fetches`

@@ -11,8 +11,16 @@
 //! with what every later read on this instance will see; [`MemoryEndpointStore`] applies directly
 //! (tests and `hookline dev` without Kafka). [`kafka::spawn_materializer`] feeds the view from
 //! the topic.
+//!
+//! The topic also holds tenant records, API keys and ceilings (`tenant`): the view keeps them
+//! beside the endpoints, and serves each endpoint as it applies under its tenant's ceilings
+//! ([`EndpointView::get`]), so that every stage reading the view honours them.
+//!
+//! Files: `mod.rs` the view and the store trait, `kafka.rs` the materialiser and the Kafka
+//! writer, `tenant.rs` the tenant records.
 
 pub mod kafka;
+pub mod tenant;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +34,9 @@ use crate::endpoint::{Endpoint, EndpointRecord};
 use crate::id::{EndpointId, Tenant};
 use crate::record::UnixMillis;
 use crate::sealed::MasterKey;
+use crate::tenant::{Ceilings, TenantDefaults, TenantError, TenantKey, TenantKeyId, TenantLimits};
+
+use self::tenant::{TenantRecord, TenantState};
 
 /// Longest endpoint record value the view accepts; larger ones are skipped as malformed (a
 /// valid endpoint is a few tens of KiB at most).
@@ -56,6 +67,9 @@ pub enum RegistryError {
     /// The endpoint is not valid (checked again before it is written).
     #[error(transparent)]
     Invalid(#[from] crate::endpoint::EndpointError),
+    /// A tenant key or ceilings record is not valid (checked before it is written).
+    #[error(transparent)]
+    Tenant(#[from] TenantError),
     /// Kafka refused or failed.
     #[error("kafka: {0}")]
     Kafka(String),
@@ -102,7 +116,12 @@ pub struct ViewStatus {
 
 #[derive(Default)]
 struct State {
+    /// Endpoints as they apply: lowered to their tenant's ceilings.
     endpoints: HashMap<EndpointId, Arc<Endpoint>>,
+    /// Endpoints as written (the same `Arc` as in `endpoints` when nothing is lowered).
+    written: HashMap<EndpointId, Arc<Endpoint>>,
+    /// API keys, ceilings and the config's defaults.
+    tenants: TenantState,
     /// Endpoints whose latest record did not open (most likely the wrong master key), with why.
     unopened: BTreeMap<EndpointId, String>,
     /// Per partition, the offset after the last applied record.
@@ -133,7 +152,8 @@ impl std::fmt::Debug for EndpointView {
 }
 
 impl EndpointView {
-    /// An empty view that opens secrets with `key`.
+    /// An empty view that opens secrets with `key`; no tenant ceilings unless
+    /// [`EndpointView::with_tenant_defaults`] gives some.
     pub fn new(key: MasterKey) -> EndpointView {
         EndpointView {
             key,
@@ -142,6 +162,13 @@ impl EndpointView {
             confirmed_ms: AtomicU64::new(0),
             confirm_wanted: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Sets the ceilings every tenant has unless an operator set its own (the config's
+    /// `[tenants]`), and the service's default `max_in_flight`. Set before records are applied.
+    pub fn with_tenant_defaults(self, defaults: TenantDefaults) -> EndpointView {
+        self.write().tenants.defaults = defaults;
+        self
     }
 
     /// Whether every record written to the endpoints topic before `t` is known to be applied
@@ -206,39 +233,26 @@ impl EndpointView {
 
     fn apply_inner(&self, at: Option<(i32, i64)>, key: &[u8], value: Option<&[u8]>) -> Applied {
         let parsed = self.decode(key, value);
-        {
+        let applied = {
             let mut state = self.write();
             if let Some((partition, offset)) = at {
                 let next = state.next_offsets.entry(partition).or_insert(0);
                 *next = (*next).max(offset + 1);
             }
-            match &parsed {
-                Decoded::Upsert(endpoint) => {
-                    state.unopened.remove(&endpoint.id);
-                    state
-                        .endpoints
-                        .insert(endpoint.id.clone(), Arc::clone(endpoint));
-                }
-                Decoded::Delete(id) => {
-                    state.unopened.remove(id);
-                    state.endpoints.remove(id);
-                }
-                Decoded::Unopened(id, error) => {
-                    state.unopened.insert(id.clone(), error.clone());
-                }
-                Decoded::Skip => {}
-            }
-        }
+            state.apply(parsed)
+        };
         self.status.send_modify(|s| s.seq += 1);
-        match parsed {
-            Decoded::Upsert(_) => Applied::Upserted,
-            Decoded::Delete(_) => Applied::Deleted,
-            Decoded::Unopened(..) | Decoded::Skip => Applied::Skipped,
-        }
+        applied
     }
 
     /// Parses and opens a record outside the lock (opening secrets is the slow part).
     fn decode(&self, key: &[u8], value: Option<&[u8]>) -> Decoded {
+        if let Some(record) = std::str::from_utf8(key)
+            .ok()
+            .and_then(|k| tenant::decode(k, value))
+        {
+            return Decoded::Tenant(record);
+        }
         let id = match std::str::from_utf8(key)
             .ok()
             .and_then(|k| EndpointId::parse(k).ok())
@@ -294,9 +308,54 @@ impl EndpointView {
         }
     }
 
-    /// The endpoint with this id.
+    /// The endpoint with this id, as it applies: its `max_in_flight` and `rate_limit_per_s`
+    /// lowered to its tenant's ceilings.
     pub fn get(&self, id: &EndpointId) -> Option<Arc<Endpoint>> {
         self.read().endpoints.get(id).cloned()
+    }
+
+    /// The endpoint with this id as it was written (a change starts from this, so that raising
+    /// a ceiling later gives the endpoint back what it asked for).
+    pub fn written(&self, id: &EndpointId) -> Option<Arc<Endpoint>> {
+        self.read().written.get(id).cloned()
+    }
+
+    /// How many endpoints `tenant` holds.
+    pub fn count(&self, tenant: &Tenant) -> usize {
+        self.read()
+            .endpoints
+            .values()
+            .filter(|e| &e.tenant == tenant)
+            .count()
+    }
+
+    /// The tenant API key with this id (revoked ones included).
+    pub fn tenant_key(&self, id: &TenantKeyId) -> Option<Arc<TenantKey>> {
+        self.read().tenants.keys.get(id).cloned()
+    }
+
+    /// `tenant`'s API keys, revoked ones included, oldest first.
+    pub fn tenant_keys(&self, tenant: &Tenant) -> Vec<Arc<TenantKey>> {
+        let mut v: Vec<_> = self
+            .read()
+            .tenants
+            .keys
+            .values()
+            .filter(|k| &k.tenant == tenant)
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    /// The ceilings that apply to `tenant`: the config's defaults with what an operator set.
+    pub fn ceilings(&self, tenant: &Tenant) -> Ceilings {
+        self.read().tenants.ceilings(tenant)
+    }
+
+    /// The ceilings an operator set for `tenant`, if any.
+    pub fn tenant_limits(&self, tenant: &Tenant) -> Option<TenantLimits> {
+        self.read().tenants.limits.get(tenant).cloned()
     }
 
     /// A tenant's endpoints, ordered by id (ids sort by creation).
@@ -437,7 +496,63 @@ enum Decoded {
     Delete(EndpointId),
     /// Its secrets do not open; why.
     Unopened(EndpointId, String),
+    Tenant(TenantRecord),
     Skip,
+}
+
+impl State {
+    /// Applies a decoded record.
+    fn apply(&mut self, parsed: Decoded) -> Applied {
+        match parsed {
+            Decoded::Upsert(endpoint) => {
+                self.unopened.remove(&endpoint.id);
+                let applied = self.tenants.applied(&endpoint);
+                self.endpoints.insert(endpoint.id.clone(), applied);
+                self.written.insert(endpoint.id.clone(), endpoint);
+                Applied::Upserted
+            }
+            Decoded::Delete(id) => {
+                self.unopened.remove(&id);
+                self.endpoints.remove(&id);
+                self.written.remove(&id);
+                Applied::Deleted
+            }
+            Decoded::Unopened(id, error) => {
+                self.unopened.insert(id, error);
+                Applied::Skipped
+            }
+            Decoded::Tenant(TenantRecord::Key(key)) => {
+                self.tenants.keys.insert(key.id.clone(), key);
+                Applied::Upserted
+            }
+            Decoded::Tenant(TenantRecord::KeyDeleted(id)) => {
+                self.tenants.keys.remove(&id);
+                Applied::Deleted
+            }
+            Decoded::Tenant(TenantRecord::Limits(limits)) => {
+                let tenant = limits.tenant.clone();
+                self.tenants.limits.insert(tenant.clone(), limits);
+                self.reapply(&tenant);
+                Applied::Upserted
+            }
+            Decoded::Tenant(TenantRecord::LimitsDeleted(tenant)) => {
+                self.tenants.limits.remove(&tenant);
+                self.reapply(&tenant);
+                Applied::Deleted
+            }
+            Decoded::Tenant(TenantRecord::Skip) | Decoded::Skip => Applied::Skipped,
+        }
+    }
+
+    /// Applies `tenant`'s ceilings afresh to each of its endpoints.
+    fn reapply(&mut self, tenant: &Tenant) {
+        for (id, written) in &self.written {
+            if &written.tenant == tenant {
+                self.endpoints
+                    .insert(id.clone(), self.tenants.applied(written));
+            }
+        }
+    }
 }
 
 /// Serialises an endpoint's stored form: secrets sealed under `key`.
@@ -460,6 +575,31 @@ pub trait EndpointStore: Send + Sync {
 
     /// Deletes an endpoint (a tombstone) and returns once the view no longer shows it.
     fn delete<'a>(&'a self, id: &'a EndpointId) -> BoxFuture<'a, Result<(), RegistryError>>;
+
+    /// Writes a tenant API key's record (a new key, or one revoked) and returns once the view
+    /// shows it.
+    fn put_tenant_key<'a>(&'a self, key: &'a TenantKey)
+    -> BoxFuture<'a, Result<(), RegistryError>>;
+
+    /// Writes a tenant's ceilings and returns once the view applies them.
+    fn put_tenant_limits<'a>(
+        &'a self,
+        limits: &'a TenantLimits,
+    ) -> BoxFuture<'a, Result<(), RegistryError>>;
+}
+
+/// A tenant key's record: its key and value, once checked.
+pub fn encode_tenant_key(key: &TenantKey) -> Result<(String, Vec<u8>), RegistryError> {
+    key.validate()?;
+    let value = serde_json::to_vec(key).expect("a tenant key always serialises");
+    Ok((tenant::key_record_key(&key.id), value))
+}
+
+/// A tenant's ceilings record: its key and value, once checked.
+pub fn encode_tenant_limits(limits: &TenantLimits) -> Result<(String, Vec<u8>), RegistryError> {
+    limits.validate()?;
+    let value = serde_json::to_vec(limits).expect("tenant limits always serialise");
+    Ok((tenant::limits_record_key(&limits.tenant), value))
 }
 
 /// The in-memory store: writes go straight into the view through the same encode/apply path
@@ -471,12 +611,24 @@ pub struct MemoryEndpointStore {
 }
 
 impl MemoryEndpointStore {
-    /// A store with an empty, caught-up view.
+    /// A store with an empty, caught-up view and no tenant ceilings.
     pub fn new(key: MasterKey) -> MemoryEndpointStore {
-        let view = Arc::new(EndpointView::new(key.clone()));
+        MemoryEndpointStore::with_tenant_defaults(key, TenantDefaults::default())
+    }
+
+    /// A store with an empty, caught-up view whose tenants have `defaults`.
+    pub fn with_tenant_defaults(key: MasterKey, defaults: TenantDefaults) -> MemoryEndpointStore {
+        let view = Arc::new(EndpointView::new(key.clone()).with_tenant_defaults(defaults));
         view.mark_caught_up();
         view.mark_always_current();
         MemoryEndpointStore { view, key }
+    }
+
+    fn put_raw(&self, key: &str, value: &[u8]) -> Result<(), RegistryError> {
+        match self.view.apply(key.as_bytes(), Some(value)) {
+            Applied::Upserted => Ok(()),
+            other => unreachable!("a checked tenant record always applies, got {other:?}"),
+        }
     }
 }
 
@@ -507,6 +659,26 @@ impl EndpointStore for MemoryEndpointStore {
         Box::pin(async move {
             self.view.apply(id.as_str().as_bytes(), None);
             Ok(())
+        })
+    }
+
+    fn put_tenant_key<'a>(
+        &'a self,
+        key: &'a TenantKey,
+    ) -> BoxFuture<'a, Result<(), RegistryError>> {
+        Box::pin(async move {
+            let (k, v) = encode_tenant_key(key)?;
+            self.put_raw(&k, &v)
+        })
+    }
+
+    fn put_tenant_limits<'a>(
+        &'a self,
+        limits: &'a TenantLimits,
+    ) -> BoxFuture<'a, Result<(), RegistryError>> {
+        Box::pin(async move {
+            let (k, v) = encode_tenant_limits(limits)?;
+            self.put_raw(&k, &v)
         })
     }
 }
@@ -675,6 +847,92 @@ mod tests {
                 .holds_writes_before(SystemTime::now() + Duration::from_secs(3600)),
             "a view written directly is always current"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tenant_keys_and_ceilings_are_materialised_beside_endpoints() {
+        use crate::tenant::{Ceilings, Scope, TenantDefaults};
+        let key = MasterKey::generate();
+        let defaults = TenantDefaults {
+            ceilings: Ceilings {
+                max_endpoints: Some(10),
+                max_in_flight: Some(8),
+                rate_limit_per_s: None,
+            },
+            default_max_in_flight: 16,
+        };
+        let store = MemoryEndpointStore::with_tenant_defaults(key, defaults);
+        let view = Arc::clone(store.view());
+        let acme = Tenant::parse("acme").unwrap();
+        let mut e = endpoint("acme");
+        e.max_in_flight = Some(32);
+        store.put(&e).await.unwrap();
+        assert_eq!(
+            view.get(&e.id).unwrap().max_in_flight,
+            Some(8),
+            "the default ceiling"
+        );
+        assert_eq!(view.written(&e.id).unwrap().max_in_flight, Some(32));
+        assert_eq!(view.count(&acme), 1);
+
+        let (k, secret) =
+            TenantKey::issue(acme.clone(), Scope::Read, None, SystemTime::now()).unwrap();
+        store.put_tenant_key(&k).await.unwrap();
+        assert!(view.tenant_key(&k.id).unwrap().accepts(secret.expose()));
+        assert_eq!(view.tenant_keys(&acme).len(), 1);
+        assert!(
+            view.tenant_keys(&Tenant::parse("globex").unwrap())
+                .is_empty()
+        );
+        assert_eq!(view.len(), 1, "a key is not an endpoint");
+
+        let set = TenantLimits {
+            tenant: acme.clone(),
+            max_endpoints: None,
+            max_in_flight: Some(None),
+            rate_limit_per_s: Some(Some(2.0)),
+            updated_at: SystemTime::now(),
+        };
+        store.put_tenant_limits(&set).await.unwrap();
+        let applied = view.get(&e.id).unwrap();
+        assert_eq!(
+            (applied.max_in_flight, applied.rate_limit_per_s),
+            (Some(32), Some(2.0))
+        );
+        assert_eq!(
+            view.ceilings(&acme).max_endpoints,
+            Some(10),
+            "left to the default"
+        );
+        assert_eq!(view.tenant_limits(&acme), Some(set.clone()));
+        let bad = TenantLimits {
+            max_in_flight: Some(Some(0)),
+            ..set
+        };
+        assert!(matches!(
+            store.put_tenant_limits(&bad).await,
+            Err(RegistryError::Tenant(_))
+        ));
+
+        // Tombstones remove them; malformed records and mismatched keys are skipped.
+        let limits_key = tenant::limits_record_key(&acme);
+        assert_eq!(view.apply(limits_key.as_bytes(), None), Applied::Deleted);
+        assert_eq!(view.get(&e.id).unwrap().max_in_flight, Some(8));
+        let key_key = tenant::key_record_key(&k.id);
+        let other = TenantKey::issue(acme.clone(), Scope::Write, None, SystemTime::now())
+            .unwrap()
+            .0;
+        let value = serde_json::to_vec(&other).unwrap();
+        assert_eq!(
+            view.apply(key_key.as_bytes(), Some(&value)),
+            Applied::Skipped
+        );
+        assert_eq!(view.apply(key_key.as_bytes(), Some(b"{")), Applied::Skipped);
+        assert_eq!(view.apply(b"tenant-key:nope", None), Applied::Skipped);
+        assert_eq!(view.apply(b"tenant-limits:", Some(b"{}")), Applied::Skipped);
+        assert!(view.tenant_key(&k.id).is_some(), "the previous record kept");
+        assert_eq!(view.apply(key_key.as_bytes(), None), Applied::Deleted);
+        assert!(view.tenant_key(&k.id).is_none());
     }
 
     #[tokio::test(start_paused = true)]

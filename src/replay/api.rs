@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::request::Asked;
 use super::{
     DeliveryReplay, EndpointReplay, EndpointReplayRequest, ReplayError, ReplayRequest,
     ReplaySummary, ReplayTarget, check, replay_delivery, replay_endpoint,
@@ -21,8 +22,7 @@ pub trait ApiReplayer: Send + Sync {
     async fn replay(
         &self,
         delivery: &DeliveryState,
-        actor: String,
-        reason: String,
+        asked: Asked,
     ) -> Result<DeliveryReplay, ReplayError>;
 
     /// Replays an endpoint's dead deliveries, as [`replay_endpoint`] does.
@@ -31,8 +31,13 @@ pub trait ApiReplayer: Send + Sync {
         request: &EndpointReplayRequest,
     ) -> Result<EndpointReplay, ReplayError>;
 
-    /// Replays a range of DLQ offsets, as `hookline replay` does, within the API's time.
-    async fn replay_range(&self, request: &ReplayRequest) -> Result<ReplaySummary, ReplayError>;
+    /// Replays a range of DLQ offsets, as `hookline replay` does, within the API's time; the
+    /// audit entry records `asked_by` as the credential that asked.
+    async fn replay_range(
+        &self,
+        request: &ReplayRequest,
+        asked_by: String,
+    ) -> Result<ReplaySummary, ReplayError>;
 }
 
 /// [`ApiReplayer`] on the cluster and store the process runs on.
@@ -48,10 +53,9 @@ impl ApiReplayer for KafkaReplayer {
     async fn replay(
         &self,
         delivery: &DeliveryState,
-        actor: String,
-        reason: String,
+        asked: Asked,
     ) -> Result<DeliveryReplay, ReplayError> {
-        replay_delivery(&self.target, self.store.as_ref(), delivery, actor, reason).await
+        replay_delivery(&self.target, self.store.as_ref(), delivery, asked).await
     }
 
     async fn replay_endpoint(
@@ -61,9 +65,14 @@ impl ApiReplayer for KafkaReplayer {
         replay_endpoint(&self.target, self.store.as_ref(), request).await
     }
 
-    async fn replay_range(&self, request: &ReplayRequest) -> Result<ReplaySummary, ReplayError> {
+    async fn replay_range(
+        &self,
+        request: &ReplayRequest,
+        asked_by: String,
+    ) -> Result<ReplaySummary, ReplayError> {
         check(&self.target, request)
             .await?
+            .asked_by(asked_by)
             .idle_limit(API_IDLE_LIMIT)
             .publish_deadline(API_PUBLISH_DEADLINE)
             .run(self.store.as_ref(), &mut |_, _| {})

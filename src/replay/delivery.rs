@@ -10,7 +10,7 @@ use super::consumer::{KAFKA_TIMEOUT, POLL_WAIT, dlq_consumer, read_error_is_fina
 use super::error::kafka_failure;
 use super::republisher::{Republished, Republisher};
 use super::scan::{DlqScan, ScanEnd, unix_millis};
-use super::{ReplayError, ReplayTarget};
+use super::{Asked, ReplayError, ReplayTarget};
 use crate::record::DeliveryRecord;
 use crate::storage::{DeliveryState, DeliveryStatus, DeliveryStore, RecordPosition, ReplayAudit};
 use crate::telemetry;
@@ -95,8 +95,7 @@ pub async fn replay_delivery(
     target: &ReplayTarget,
     store: &dyn DeliveryStore,
     delivery: &DeliveryState,
-    actor: String,
-    reason: String,
+    asked: Asked,
 ) -> Result<DeliveryReplay, ReplayError> {
     let id = &delivery.delivery_id;
     let attempts = store.attempts(id).await.map_err(ReplayError::Store)?;
@@ -107,7 +106,7 @@ pub async fn replay_delivery(
     let dead = delivery.status == DeliveryStatus::Dead;
     let Some(at) = logged else {
         if dead {
-            return from_dead_letter(target, store, delivery, actor, reason).await;
+            return from_dead_letter(target, store, delivery, asked).await;
         }
         return Err(ReplayError::RecordNotKept {
             delivery: id.to_string(),
@@ -117,9 +116,9 @@ pub async fn replay_delivery(
     match read_record(target, &topic, at).await? {
         Some(record) if record.delivery_id == *id => {
             let from = Source { topic, at };
-            send_again(target, store, delivery, record, from, actor, reason).await
+            send_again(target, store, delivery, record, from, asked).await
         }
-        _ if dead => from_dead_letter(target, store, delivery, actor, reason).await,
+        _ if dead => from_dead_letter(target, store, delivery, asked).await,
         _ => Err(ReplayError::RecordGone {
             delivery: id.to_string(),
             topic,
@@ -134,8 +133,7 @@ async fn from_dead_letter(
     target: &ReplayTarget,
     store: &dyn DeliveryStore,
     delivery: &DeliveryState,
-    actor: String,
-    reason: String,
+    asked: Asked,
 ) -> Result<DeliveryReplay, ReplayError> {
     let gone = || ReplayError::DeadLetterGone {
         delivery: delivery.delivery_id.to_string(),
@@ -150,7 +148,7 @@ async fn from_dead_letter(
         topic: target.dlq.clone(),
         at,
     };
-    send_again(target, store, delivery, record, from, actor, reason).await
+    send_again(target, store, delivery, record, from, asked).await
 }
 
 /// Where a replayed record was read.
@@ -169,8 +167,7 @@ async fn send_again(
     delivery: &DeliveryState,
     record: DeliveryRecord,
     from: Source,
-    actor: String,
-    reason: String,
+    asked: Asked,
 ) -> Result<DeliveryReplay, ReplayError> {
     let id = &delivery.delivery_id;
     let republisher = Republisher::new(target)?;
@@ -198,8 +195,8 @@ async fn send_again(
     let Source { topic, at } = from;
     let audit = ReplayAudit {
         replay_id: replay_id.clone(),
-        actor,
-        reason,
+        actor: asked.actor,
+        reason: asked.reason,
         at: SystemTime::now(),
         scope: format!(
             "{topic} partition {} offset {} (delivery {id}, {}, sent again)",
@@ -210,7 +207,7 @@ async fn send_again(
         count: 1,
         dry_run: false,
         tenant: Some(delivery.tenant.clone()),
-        asked_by: None,
+        asked_by: asked.asked_by,
     };
     record_audit(store, &audit)
         .await
@@ -299,7 +296,12 @@ mod tests {
             dlq: "hookline.dlq".into(),
             deliveries: "hookline.deliveries".into(),
         };
-        let err = replay_delivery(&target, &store, &delivery, "a".into(), "b".into())
+        let asked = Asked {
+            actor: "a".into(),
+            reason: "b".into(),
+            asked_by: None,
+        };
+        let err = replay_delivery(&target, &store, &delivery, asked)
             .await
             .unwrap_err();
         assert!(

@@ -42,6 +42,8 @@ pub struct EndpointReplayRequest {
     pub actor: String,
     /// Why.
     pub reason: String,
+    /// Which credential asked, for the audit entry.
+    pub asked_by: Option<String>,
 }
 
 /// What [`replay_endpoint`] did.
@@ -96,7 +98,7 @@ pub async fn replay_endpoint(
         count: done.replayed,
         dry_run: false,
         tenant: Some(request.tenant.clone()),
-        asked_by: None,
+        asked_by: request.asked_by.clone(),
     };
     record_audit(store, &audit)
         .await
@@ -355,6 +357,7 @@ mod tests {
             until: SystemTime::now() + Duration::from_secs(60),
             actor: "acme's API token".into(),
             reason: "receiver fixed".into(),
+            asked_by: Some("tenant token".into()),
         };
         let done = replay_endpoint(&target, &store, &request).await.unwrap();
         assert_eq!((done.replayed, done.skipped), (1, 0), "{done:?}");
@@ -369,5 +372,6 @@ mod tests {
         let audits = store.replays(None, 10).await.unwrap();
         assert_eq!(audits.len(), 1, "{audits:?}");
         assert_eq!(audits[0].count, 1, "{audits:?}");
+        assert_eq!(audits[0].asked_by.as_deref(), Some("tenant token"));
     }
 }

@@ -36,4 +36,4 @@ pub use delivery::{DeliveryReplay, DlqPosition, LOCATE_LIMIT, locate, replay_del
 pub use endpoint::{ENDPOINT_SCAN_LIMIT, EndpointReplay, EndpointReplayRequest, replay_endpoint};
 pub use error::{Incomplete, ReplayError, StopCause};
 pub use range::{Checked, IDLE_LIMIT, PUBLISH_DEADLINE, Progress, WINDOW, check, replay};
-pub use request::{ReplayRequest, ReplaySummary, ReplayTarget};
+pub use request::{Asked, ReplayRequest, ReplaySummary, ReplayTarget};

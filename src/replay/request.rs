@@ -24,6 +24,17 @@ pub struct ReplayRequest {
     pub dry_run: bool,
 }
 
+/// Who asked for a replay of one delivery, and why, for its audit entry.
+#[derive(Debug, Clone)]
+pub struct Asked {
+    /// Who asks, in the caller's words.
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+    /// Which credential asked, as the admin API established it.
+    pub asked_by: Option<String>,
+}
+
 impl ReplayRequest {
     /// Checks what needs no server: a non-negative partition, an offset range, and an actor and
     /// a reason that are not blank. Callers run it before connecting to anything, so a typo

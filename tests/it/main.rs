@@ -17,3 +17,4 @@ mod services;
 mod signing;
 mod ssrf;
 mod support;
+mod tenants;

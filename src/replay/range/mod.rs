@@ -68,6 +68,8 @@ pub struct Checked<'a> {
     publish_deadline: Duration,
     /// See [`Checked::window`].
     window: usize,
+    /// See [`Checked::asked_by`].
+    asked_by: Option<String>,
 }
 
 /// Checks `request` locally ([`ReplayRequest::validate`]), then with the brokers: the DLQ topic
@@ -116,6 +118,7 @@ pub async fn check<'a>(
         idle_limit: IDLE_LIMIT,
         publish_deadline: PUBLISH_DEADLINE,
         window: WINDOW,
+        asked_by: None,
     })
 }
 
@@ -143,6 +146,13 @@ impl Checked<'_> {
     /// to send them one after the other.
     pub fn window(mut self, records: usize) -> Self {
         self.window = records.max(1);
+        self
+    }
+
+    /// Records which credential asked for the replay (`cli`, `operator token`) in its audit
+    /// entry; unset, none is recorded.
+    pub fn asked_by(mut self, credential: impl Into<String>) -> Self {
+        self.asked_by = Some(credential.into());
         self
     }
 }

@@ -131,7 +131,7 @@ impl Checked<'_> {
             // A range of DLQ offsets may hold many tenants' deliveries: it is theirs to read
             // only when it held one tenant's alone (an endpoint's, say).
             tenant: covered.tenant(),
-            asked_by: None,
+            asked_by: self.asked_by.clone(),
         };
         let recorded = record_audit(store, &audit).await;
         self.outcome(summary, stop, recorded)
@@ -412,6 +412,7 @@ mod tests {
         let result = check(&target, &request)
             .await
             .unwrap()
+            .asked_by("cli")
             .run(&store, &mut |_, _| {})
             .await;
         let Err(ReplayError::Incomplete(stop)) = result else {
@@ -423,6 +424,7 @@ mod tests {
         assert_eq!(audits.len(), 1, "{audits:?}");
         assert_eq!(audits[0].count, 1);
         assert!(audits[0].scope.contains("claimed"), "{}", audits[0].scope);
+        assert_eq!(audits[0].asked_by.as_deref(), Some("cli"));
         assert_eq!(
             audits[0].tenant.as_ref().map(Tenant::as_str),
             Some("acme"),
