@@ -18,8 +18,8 @@
 //!   Received within the window with the same fingerprint ([`crate::input::fingerprint`]), the
 //!   post answers 202 as the first did without publishing; with another, 409. This covers
 //!   repeats sent to another instance or after a restart, once the first copy was fanned out.
-//!   When the store does not answer, the post is 503 (retry with the same id) rather than a
-//!   guess.
+//!   When the store does not answer, the event is published: ingest stays up while the
+//!   history store is away, and the fan-out's own check below still applies.
 //! - The fan-out checks the store too, and drops a repeat that reached it before the first copy
 //!   was recorded (two posts at once to two instances, or a producer retry's duplicate).
 
@@ -44,7 +44,6 @@ use crate::event_type::EventType;
 use crate::id::{EventId, Tenant};
 use crate::input::fingerprint;
 use crate::record::{UnixMillis, rfc3339_millis};
-use crate::storage::StoreError;
 
 use super::AdminState;
 use super::auth::Caller;
@@ -552,21 +551,15 @@ async fn publish_once(
     event: &NativeEvent,
     fp: [u8; 32],
 ) -> Result<(), ApiError> {
-    let stored = state
-        .deliveries
-        .event(&event.tenant, &event.id)
-        .await
-        .map_err(|e| match e {
-            StoreError::Unavailable(detail) => {
-                tracing::warn!(%detail, "delivery store unavailable for an ingest check");
-                ApiError::Unavailable(
-                    "the delivery store did not answer, so whether this id was already \
-                     ingested is unknown; retry with the same id"
-                        .to_owned(),
-                )
-            }
-            other => other.into(),
-        })?;
+    let stored = match state.deliveries.event(&event.tenant, &event.id).await {
+        Ok(stored) => stored,
+        // Ingest does not wait on the history store: the event is safe in Kafka, and the
+        // fan-out checks the store again before it sends the event anywhere.
+        Err(e) => {
+            tracing::warn!(error = %e, "the delivery store did not answer an ingest check; publishing");
+            None
+        }
+    };
     // A received_at ahead of this clock (another instance's) counts as within.
     let within = |at: SystemTime| {
         SystemTime::now()
