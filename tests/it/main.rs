@@ -2,9 +2,11 @@
 
 mod cql_pipeline;
 mod cql_store;
+mod delivery_states;
 mod dev;
 mod helm;
 mod image;
+mod ingest_dedupe;
 mod layers;
 mod outage;
 mod pipeline;
