@@ -5,8 +5,8 @@ use async_trait::async_trait;
 
 use super::memory::MemoryStore;
 use super::{
-    AttemptRow, DeliveryState, DeliveryStore, HistoryQuery, Page, ReplayAudit, ReplayMark,
-    StoreError,
+    AttemptRow, DeliveryNote, DeliveryState, DeliveryStore, EventQuery, EventRow, HistoryQuery,
+    Page, ReplayAudit, ReplayMark, StoreError,
 };
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
 
@@ -15,6 +15,14 @@ use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
 pub trait Hooks: Send + Sync + 'static {
     /// Runs before an attempt is logged.
     async fn before_record_attempt(&self, _row: &AttemptRow) {}
+    /// Runs before a note is recorded; an error is the store's answer instead.
+    async fn before_record_note(&self, _note: &DeliveryNote) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Runs before an event is recorded; an error is the store's answer instead.
+    async fn before_record_event(&self, _event: &EventRow) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Runs after a replay claim was read, before it is returned.
     async fn after_replay_claim_read(&self) {}
     /// Runs before a replay claims a delivery; an error is the store's answer instead.
@@ -46,6 +54,24 @@ impl<H: Hooks> DeliveryStore for Hooked<H> {
     async fn record_attempt(&self, row: &AttemptRow) -> Result<(), StoreError> {
         self.hooks.before_record_attempt(row).await;
         self.inner.record_attempt(row).await
+    }
+    async fn record_note(&self, note: &DeliveryNote) -> Result<(), StoreError> {
+        self.hooks.before_record_note(note).await?;
+        self.inner.record_note(note).await
+    }
+    async fn record_event(&self, event: &EventRow) -> Result<(), StoreError> {
+        self.hooks.before_record_event(event).await?;
+        self.inner.record_event(event).await
+    }
+    async fn event(&self, tenant: &Tenant, id: &EventId) -> Result<Option<EventRow>, StoreError> {
+        self.inner.event(tenant, id).await
+    }
+    async fn events(
+        &self,
+        tenant: &Tenant,
+        query: &EventQuery,
+    ) -> Result<Page<EventRow>, StoreError> {
+        self.inner.events(tenant, query).await
     }
     async fn delivery(&self, id: &DeliveryId) -> Result<Option<DeliveryState>, StoreError> {
         self.inner.delivery(id).await

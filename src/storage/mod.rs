@@ -2,7 +2,8 @@
 //!
 //! The pipeline talks to [`DeliveryStore`] only. Two implementations: [`memory::MemoryStore`]
 //! (embedded, bounded; `hookline dev` and tests) and [`scylla::ScyllaStore`] (ScyllaDB /
-//! Cassandra) for production. [`conformance`] is one behavioural suite both must pass.
+//! Cassandra) for production. [`conformance`] is one behavioural suite both must pass;
+//! [`state`] derives a delivery's state from its entries the same way for both.
 //!
 //! Contract that the delivery stage relies on: when `record_attempt` returns `Ok`, the attempt
 //! and the delivery state it implies are durable. A Kafka record is settled only after that.
@@ -22,6 +23,7 @@ pub mod conformance;
 pub mod hooked;
 pub mod memory;
 pub mod scylla;
+pub mod state;
 
 /// Where a delivery stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -660,7 +660,7 @@ async fn timeouts_and_full_bodies_round_trip() {
                 state.attempts, 2,
                 "a duplicate write is not a second attempt"
             );
-            assert_eq!(state.first_attempt_at, t0);
+            assert_eq!(state.first_attempt_at, Some(t0));
             // A duplicate of the older attempt logged late does not overwrite the newer status.
             store.record_attempt(&timeout).await.unwrap();
             let state = store.delivery(&timeout.delivery_id).await.unwrap().unwrap();

@@ -16,6 +16,7 @@ use super::row::{self, from_cql, status_from_col};
 use super::{MAX_ATTEMPTS_READ, MAX_EVENT_DELIVERIES, ScyllaStore};
 use crate::attempt::ErrorClass;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
+use crate::storage::state::{Derivation, Entry, Identity};
 use crate::storage::{AttemptRow, DeliveryState, RecordPosition, StoreError};
 
 /// Point reads in flight for one history page or event listing.
@@ -76,22 +77,20 @@ impl ScyllaStore {
             .map_err(pager_error)?
             .rows_stream::<StateCols>()
             .map_err(backend_error)?;
-        let mut first = None;
-        let mut latest = None;
-        let mut count = 0u32;
+        let mut fold: Option<Derivation> = None;
+        let mut count = 0usize;
         while let Some(cols) = rows.next().await {
-            let cols = cols.map_err(row_error)?;
-            count = count.saturating_add(1);
-            first.get_or_insert(cols.started_at);
-            latest = Some(cols);
-            if count as usize == MAX_ATTEMPTS_READ {
+            let (identity, entry) = entry_from_cols(cols.map_err(row_error)?)?;
+            match &mut fold {
+                Some(f) => f.add(entry),
+                None => fold = Some(Derivation::new(identity, entry)),
+            }
+            count += 1;
+            if count == MAX_ATTEMPTS_READ {
                 break;
             }
         }
-        match (first, latest) {
-            (Some(first), Some(latest)) => state_from_cols(first, count, latest).map(Some),
-            _ => Ok(None),
-        }
+        Ok(fold.map(|f| f.state()))
     }
 
     /// A delivery's attempts, oldest first, at most [`MAX_ATTEMPTS_READ`].
@@ -153,37 +152,29 @@ impl ScyllaStore {
     }
 }
 
-/// The state after `latest`, the latest-started of `attempts` attempts, the first of which
-/// started at `first`: the shared state transition applied to the latest attempt alone.
-fn state_from_cols(
-    first: CqlTimestamp,
-    attempts: u32,
-    latest: StateCols,
-) -> Result<DeliveryState, StoreError> {
-    let latest = attempt_from_cols(AttemptCols {
-        delivery_id: latest.delivery_id,
-        started_at: latest.started_at,
-        attempt: latest.attempt,
-        event_id: latest.event_id,
-        endpoint_id: latest.endpoint_id,
-        tenant: latest.tenant,
-        event_type: latest.event_type,
-        status: latest.status,
+/// A row of a delivery's log as an entry of its state, with the delivery it names.
+fn entry_from_cols(c: StateCols) -> Result<(Identity, Entry), StoreError> {
+    let row = attempt_from_cols(AttemptCols {
+        delivery_id: c.delivery_id,
+        started_at: c.started_at,
+        attempt: c.attempt,
+        event_id: c.event_id,
+        endpoint_id: c.endpoint_id,
+        tenant: c.tenant,
+        event_type: c.event_type,
+        status: c.status,
         latency_ms: None,
-        error_class: latest.error_class,
+        error_class: c.error_class,
         response_body: None,
         signing_key_ids: None,
         replay_id: None,
-        outcome: latest.outcome,
-        next_attempt_at: latest.next_attempt_at,
-        dead_reason: latest.dead_reason,
+        outcome: c.outcome,
+        next_attempt_at: c.next_attempt_at,
+        dead_reason: c.dead_reason,
         record_partition: None,
         record_offset: None,
     })?;
-    let mut state = DeliveryState::after(None, &latest);
-    state.attempts = attempts;
-    state.first_attempt_at = from_cql(first);
-    Ok(state)
+    Ok((Identity::of_attempt(&row), Entry::attempt(&row)))
 }
 
 /// An attempt row as the store's type; a row missing a column it needs is corrupt.
@@ -224,5 +215,6 @@ fn attempt_from_cols(c: AttemptCols) -> Result<AttemptRow, StoreError> {
             .record_partition
             .zip(c.record_offset)
             .map(|(partition, offset)| RecordPosition { partition, offset }),
+        request_headers: vec![],
     })
 }

@@ -147,7 +147,7 @@ impl HistoryScan<'_> {
             let Some(Some(state)) = states.get(&key.delivery_id) else {
                 continue;
             };
-            let first = &state.endpoint_id == *endpoint && to_cql(state.first_attempt_at) == key.at;
+            let first = &state.endpoint_id == *endpoint && to_cql(state.created_at) == key.at;
             if first && status.is_none_or(|s| s == state.status) {
                 found.push((key, state.clone()));
             }

@@ -67,8 +67,8 @@ pub use session::{connect_session, connect_session_with, tls_context};
 use statement::Statements;
 
 use super::{
-    AttemptRow, DeliveryState, DeliveryStore, HistoryQuery, Page, ReplayAudit, ReplayMark,
-    StoreError,
+    AttemptRow, DeliveryNote, DeliveryState, DeliveryStore, EventQuery, EventRow, HistoryQuery,
+    Page, ReplayAudit, ReplayMark, StoreError,
 };
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
 
@@ -132,6 +132,26 @@ impl ScyllaStore {
 impl DeliveryStore for ScyllaStore {
     async fn record_attempt(&self, row: &AttemptRow) -> Result<(), StoreError> {
         self.log_attempt(row).await
+    }
+
+    async fn record_note(&self, _note: &DeliveryNote) -> Result<(), StoreError> {
+        Err(StoreError::Backend("not yet".into()))
+    }
+
+    async fn record_event(&self, _event: &EventRow) -> Result<(), StoreError> {
+        Err(StoreError::Backend("not yet".into()))
+    }
+
+    async fn event(&self, _tenant: &Tenant, _id: &EventId) -> Result<Option<EventRow>, StoreError> {
+        Err(StoreError::Backend("not yet".into()))
+    }
+
+    async fn events(
+        &self,
+        _tenant: &Tenant,
+        _query: &EventQuery,
+    ) -> Result<Page<EventRow>, StoreError> {
+        Err(StoreError::Backend("not yet".into()))
     }
 
     async fn delivery(&self, id: &DeliveryId) -> Result<Option<DeliveryState>, StoreError> {

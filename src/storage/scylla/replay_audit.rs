@@ -124,6 +124,7 @@ impl ScyllaStore {
                 dry_run: r.dry_run.unwrap_or(false),
                 // Written from a checked tenant; rows written before the column existed have none.
                 tenant: r.tenant.and_then(|t| Tenant::parse(t).ok()),
+                asked_by: None,
             });
         }
         Ok(out)

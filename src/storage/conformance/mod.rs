@@ -1,12 +1,19 @@
 //! One behavioural suite for every [`DeliveryStore`]: the embedded store runs it in unit tests,
 //! the CQL store in integration tests against a real server. Ids are unique per run, so the
 //! suite can run repeatedly against one keyspace.
+//!
+//! - this file: the fixtures, attempts, history pages and replay records;
+//! - [`states`]: deliveries made by `record_event` and moved by notes, in every state;
+//! - [`events`]: the events a tenant's fan-out recorded, one by one and paged.
+
+mod events;
+mod states;
 
 use std::time::{Duration, SystemTime};
 
 use super::{
     AttemptOutcome, AttemptRow, DeliveryStatus, DeliveryStore, HistoryQuery, RecordPosition,
-    ReplayAudit, ReplayMark,
+    ReplayAudit, ReplayMark, ScheduleReason, Scheduled,
 };
 use crate::attempt::ErrorClass;
 use crate::dead_reason::DeadReason;
@@ -85,10 +92,15 @@ pub fn attempt_row(event: &str, endpoint: &str, attempt: u32) -> AttemptRow {
             partition: 7,
             offset: 1_234_567_890_123,
         }),
+        request_headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("webhook-id".into(), event.into()),
+        ],
     }
 }
 
-fn unique(prefix: &str) -> String {
+/// A name no other run of the suite uses.
+pub(super) fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
 
@@ -103,6 +115,8 @@ pub async fn run<S: DeliveryStore + ?Sized>(store: &S) {
     replay_audit(store).await;
     replay_marks(store).await;
     replay_claims(store).await;
+    states::run(store).await;
+    events::run(store).await;
 }
 
 async fn attempts_round_trip<S: DeliveryStore + ?Sized>(store: &S) {
@@ -118,8 +132,9 @@ async fn attempts_round_trip<S: DeliveryStore + ?Sized>(store: &S) {
     timeout.outcome = AttemptOutcome::RetryScheduled {
         next_attempt_at: base + Duration::from_secs(30),
     };
-    // As logged before attempts kept their record's place.
+    // As logged before attempts kept their record's place and the headers sent.
     timeout.record = None;
+    timeout.request_headers = vec![];
     let mut big = attempt_row(&event, &endpoint, 2);
     big.started_at = base + Duration::from_secs(31);
     big.status = Some(500);
@@ -127,6 +142,12 @@ async fn attempts_round_trip<S: DeliveryStore + ?Sized>(store: &S) {
     big.response_body = vec![b'x'; 4096];
     big.signing_key_ids = vec!["k_old".into(), "k_new".into()];
     big.replay_id = Some("rpl_1".into());
+    big.request_headers = vec![
+        ("content-type".into(), "application/json".into()),
+        ("webhook-signature".into(), "v1,c2ln v1,b3RoZXI=".into()),
+        ("webhook-id".into(), event.clone()),
+        ("x-empty".into(), String::new()),
+    ];
     big.outcome = AttemptOutcome::Dead {
         reason: DeadReason::WindowExhausted,
     };
@@ -145,7 +166,7 @@ async fn attempts_round_trip<S: DeliveryStore + ?Sized>(store: &S) {
     assert_eq!(
         rows,
         vec![timeout.clone(), big.clone()],
-        "attempt rows round-trip exactly"
+        "attempt rows round-trip exactly, request headers in order included"
     );
     let missing = DeliveryId::derive(
         &EventId::parse(unique("evt")).unwrap(),
@@ -184,10 +205,22 @@ async fn state_follows_attempts<S: DeliveryStore + ?Sized>(store: &S) {
         .await
         .unwrap()
         .expect("state after 503");
-    assert_eq!(s.status, DeliveryStatus::Failed);
+    assert_eq!(s.status, DeliveryStatus::Scheduled);
     assert_eq!(s.attempts, 1);
-    assert_eq!(s.next_attempt_at, Some(t0 + Duration::from_secs(5)));
+    assert_eq!(
+        s.scheduled,
+        Some(Scheduled {
+            reason: ScheduleReason::Retry,
+            next_attempt_at: t0 + Duration::from_secs(5)
+        })
+    );
+    assert_eq!(s.dead_reason, None);
     assert_eq!(s.last_status, Some(503));
+    assert_eq!(
+        (s.created_at, s.updated_at),
+        (t0, t0),
+        "no creation: the first attempt"
+    );
 
     let mut second = attempt_row(&event, &endpoint, 2);
     second.started_at = t0 + Duration::from_secs(6);
@@ -199,9 +232,10 @@ async fn state_follows_attempts<S: DeliveryStore + ?Sized>(store: &S) {
         .expect("state after 200");
     assert_eq!(s.status, DeliveryStatus::Succeeded);
     assert_eq!(s.attempts, 2);
-    assert_eq!(s.first_attempt_at, t0);
-    assert_eq!(s.last_attempt_at, t0 + Duration::from_secs(6));
-    assert_eq!(s.next_attempt_at, None);
+    assert_eq!(s.first_attempt_at, Some(t0));
+    assert_eq!(s.last_attempt_at, Some(t0 + Duration::from_secs(6)));
+    assert_eq!(s.updated_at, t0 + Duration::from_secs(6));
+    assert_eq!(s.scheduled, None);
     assert_eq!(s.last_error_class, None);
 }
 
@@ -228,10 +262,10 @@ async fn late_attempts_keep_the_newest_state<S: DeliveryStore + ?Sized>(store: &
         "the newest attempt wins"
     );
     assert_eq!(s.attempts, 2);
-    assert_eq!(s.first_attempt_at, t0);
-    assert_eq!(s.last_attempt_at, t0 + Duration::from_secs(6));
+    assert_eq!(s.first_attempt_at, Some(t0));
+    assert_eq!(s.last_attempt_at, Some(t0 + Duration::from_secs(6)));
     assert_eq!(s.last_status, Some(200));
-    assert_eq!(s.next_attempt_at, None);
+    assert_eq!(s.scheduled, None);
     let page = store
         .endpoint_deliveries(
             &EndpointId::parse(&endpoint).unwrap(),
@@ -242,7 +276,7 @@ async fn late_attempts_keep_the_newest_state<S: DeliveryStore + ?Sized>(store: &
         )
         .await
         .unwrap();
-    let listed: Vec<_> = page.items.iter().map(|s| s.first_attempt_at).collect();
+    let listed: Vec<_> = page.items.iter().map(|s| s.created_at).collect();
     assert_eq!(listed, [t0], "listed once, at its first attempt");
 }
 
@@ -380,6 +414,7 @@ async fn replay_audit<S: DeliveryStore + ?Sized>(store: &S) {
         count: 10,
         dry_run: false,
         tenant: tenant.cloned(),
+        asked_by: tenant.map(|t| format!("key tk_0193 ({t} ci)")),
     };
     let (a, b) = (
         Tenant::parse(unique("acme")).unwrap(),
@@ -400,6 +435,7 @@ async fn replay_audit<S: DeliveryStore + ?Sized>(store: &S) {
         assert_eq!(found.actor, audit.actor);
         assert_eq!(found.count, 10);
         assert_eq!(found.tenant, audit.tenant, "the tenant round-trips");
+        assert_eq!(found.asked_by, audit.asked_by, "who asked round-trips");
     }
     let seen_by_a = store.replays(Some(&a), 50).await.unwrap();
     let seen: Vec<&str> = seen_by_a.iter().map(|a| a.replay_id.as_str()).collect();
