@@ -156,7 +156,14 @@ impl Shared {
                     invalid.reason.kind(),
                     &invalid.detail,
                 );
-                let out = invalid_record(&original, invalid, &self.invalid_topic, self.max_record);
+                let headers = original.headers().cloned().unwrap_or_default();
+                let out = invalid_record(
+                    &original,
+                    headers,
+                    invalid,
+                    &self.invalid_topic,
+                    self.max_record,
+                );
                 produce_until_acked(&self.producer, out, &self.stop).await
             }
             Known::New => {

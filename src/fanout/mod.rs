@@ -174,12 +174,14 @@ fn received_at(msg: &impl Message, now: SystemTime) -> SystemTime {
         .map_or(now, |ms| UNIX_EPOCH + Duration::from_millis(ms))
 }
 
-/// The original record, key, value and headers, with the reason added, for the invalid topic.
+/// The original record, key, value and `headers` (copied raw: a header name need not be
+/// UTF-8), with the reason added, for the invalid topic.
 /// A value that would make the record larger than the producer writes (`max_record`; an input
 /// topic may hold larger records than that) is left out, and the detail says so and where the
 /// original stays: a forward that can never be written would hold its partition forever.
 fn invalid_record<M: Message>(
     msg: &M,
+    headers: OwnedHeaders,
     mut invalid: InvalidInput,
     topic: &Arc<str>,
     max_record: usize,
@@ -202,22 +204,10 @@ fn invalid_record<M: Message>(
     invalid_forward(
         topic.clone(),
         key.to_vec(),
-        original_headers(msg),
+        headers,
         bytes::Bytes::copy_from_slice(value),
         &invalid.reason.code(),
         &invalid.detail,
-    )
-}
-
-/// `msg`'s headers, copied.
-fn original_headers<M: Message>(msg: &M) -> OwnedHeaders {
-    use rdkafka::message::Headers;
-    let Some(headers) = msg.headers() else {
-        return OwnedHeaders::new();
-    };
-    headers.iter().fold(
-        OwnedHeaders::new_with_capacity(headers.count()),
-        |owned, h| owned.insert(h),
     )
 }
 
@@ -291,6 +281,7 @@ fn take(
     );
     Some(Work::Forward(invalid_record(
         msg,
+        msg.headers().map(|h| h.detach()).unwrap_or_default(),
         invalid,
         &topics.invalid,
         input.max_record,
