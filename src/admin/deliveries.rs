@@ -7,8 +7,10 @@
 //! neither a registration nor visible rows is 404. An event whose deliveries are all another
 //! tenant's, or that has no recorded delivery yet, is 404 too (the two must look the same).
 //!
-//! Delivery rows exist from an endpoint's first logged attempt on; an event that fanned out but
-//! whose deliveries have not been attempted yet has no rows.
+//! Every delivery the fan-out recorded is listed, in every state: pending (not attempted yet),
+//! scheduled (a retry, or parked, with its reason and time), succeeded, dead (with its reason,
+//! attempted or not). A delivery fanned out before hookline recorded fan-outs shows from its
+//! first attempt or note on. One delivery also shows the request it sent ([`super::sent`]).
 
 use axum::Json;
 use axum::extract::rejection::PathRejection;
@@ -23,6 +25,7 @@ use super::auth::Caller;
 use super::body::ApiQuery;
 use super::endpoints::{limit, path, short, time};
 use super::error::ApiError;
+use super::sent::{SentRequest, sent};
 
 /// Default page size of an endpoint's history.
 pub const DEFAULT_HISTORY_LIMIT: usize = 50;
@@ -42,15 +45,23 @@ pub struct DeliveryBody {
     pub tenant: String,
     /// The event type.
     pub event_type: String,
-    /// `pending`, `succeeded`, `failed` (a retry is scheduled) or `dead`.
+    /// `pending` (not attempted yet), `scheduled` (waiting in a delay tier), `succeeded` or
+    /// `dead`.
     pub state: String,
+    /// Why it is scheduled (`retry`, `breaker_open`, ...) or dead (`window_exhausted`, ...);
+    /// `null` while pending or once succeeded.
+    pub reason: Option<String>,
     /// Attempts made so far, replays included.
     pub attempts: u32,
-    /// When the first attempt started.
-    pub first_attempt_at: String,
-    /// When the latest attempt started.
-    pub last_attempt_at: String,
-    /// When the next attempt is due, if one is scheduled.
+    /// When hookline created it (its fan-out).
+    pub created_at: String,
+    /// When its state last changed.
+    pub updated_at: String,
+    /// When the first attempt started; `null` before any.
+    pub first_attempt_at: Option<String>,
+    /// When the latest attempt started; `null` before any.
+    pub last_attempt_at: Option<String>,
+    /// When it is due again, while scheduled.
     pub next_attempt_at: Option<String>,
     /// The latest HTTP status, if a response arrived.
     pub last_status: Option<u16>,
@@ -61,6 +72,11 @@ pub struct DeliveryBody {
 impl DeliveryBody {
     /// The public form of `s`.
     pub fn of(s: &DeliveryState) -> DeliveryBody {
+        let reason = match s.status {
+            DeliveryStatus::Scheduled => s.scheduled.map(|x| x.reason.as_str().to_owned()),
+            DeliveryStatus::Dead => s.dead_reason.map(|r| r.as_str().to_owned()),
+            DeliveryStatus::Pending | DeliveryStatus::Succeeded => None,
+        };
         DeliveryBody {
             id: s.delivery_id.to_string(),
             event_id: s.event_id.to_string(),
@@ -68,10 +84,16 @@ impl DeliveryBody {
             tenant: s.tenant.to_string(),
             event_type: s.event_type.clone(),
             state: s.status.as_str().to_owned(),
+            reason,
             attempts: s.attempts,
-            first_attempt_at: time(s.first_attempt_at.unwrap_or(s.created_at)),
-            last_attempt_at: time(s.last_attempt_at.unwrap_or(s.updated_at)),
-            next_attempt_at: s.scheduled.map(|x| time(x.next_attempt_at)),
+            created_at: time(s.created_at),
+            updated_at: time(s.updated_at),
+            first_attempt_at: s.first_attempt_at.map(time),
+            last_attempt_at: s.last_attempt_at.map(time),
+            next_attempt_at: s
+                .scheduled
+                .filter(|_| s.status == DeliveryStatus::Scheduled)
+                .map(|x| time(x.next_attempt_at)),
             last_status: s.last_status,
             last_error_class: s.last_error_class.map(|c| c.as_str().to_owned()),
         }
@@ -133,12 +155,17 @@ impl AttemptBody {
 }
 
 /// `GET /v1/deliveries/{id}` answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct DeliveryDetail {
     /// Where it stands.
     pub delivery: DeliveryBody,
     /// Every attempt, oldest first.
     pub attempts: Vec<AttemptBody>,
+    /// What it sent (or will send): `null` when the store no longer holds the event's body.
+    pub request: Option<SentRequest>,
+    /// Why `request` is `null`; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_unavailable: Option<&'static str>,
 }
 
 /// A list of deliveries, with a cursor when paged.
@@ -178,19 +205,26 @@ pub async fn get(
 ) -> Result<Json<DeliveryDetail>, ApiError> {
     let delivery = visible(&state, &caller, &path(id)?).await?;
     let attempts = state.deliveries.attempts(&delivery.delivery_id).await?;
+    let sent = sent(state.deliveries.as_ref(), &delivery, &attempts).await?;
     Ok(Json(DeliveryDetail {
         delivery: DeliveryBody::of(&delivery),
         attempts: attempts.iter().map(AttemptBody::of).collect(),
+        request_unavailable: sent.as_ref().err().copied(),
+        request: sent.ok(),
     }))
 }
+
+/// What `state=` accepts, as the 422 lists it.
+const STATE_VALUES: &str =
+    "must be pending, scheduled, succeeded or dead (failed is read as scheduled)";
 
 /// `GET /v1/endpoints/{id}/deliveries` query.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HistoryParams {
-    /// `pending`, `succeeded`, `failed` or `dead`.
+    /// `pending`, `scheduled` (or `failed`), `succeeded` or `dead`.
     pub state: Option<String>,
-    /// RFC 3339: only deliveries first attempted at or after it.
+    /// RFC 3339: only deliveries created at or after it.
     pub since: Option<String>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -205,33 +239,11 @@ impl HistoryParams {
             .state
             .as_deref()
             .map(|s| {
-                DeliveryStatus::parse(s).ok_or_else(|| {
-                    ApiError::invalid("state", "must be pending, succeeded, failed or dead")
-                })
+                DeliveryStatus::parse(s).ok_or_else(|| ApiError::invalid("state", STATE_VALUES))
             })
             .transpose()?;
-        let since = self
-            .since
-            .as_deref()
-            .map(|s| {
-                super::events::parse_time(s).ok_or_else(|| {
-                    ApiError::invalid(
-                        "since",
-                        "must be an RFC 3339 time, e.g. 2026-03-01T12:00:00Z",
-                    )
-                })
-            })
-            .transpose()?;
-        let cursor = match self.cursor.as_deref() {
-            Some("") => return Err(ApiError::invalid("cursor", "must not be empty")),
-            Some(c) if c.len() > 512 => {
-                return Err(ApiError::invalid(
-                    "cursor",
-                    "is not a cursor returned by this API",
-                ));
-            }
-            c => c.map(str::to_owned),
-        };
+        let since = time_param("since", self.since.as_deref())?;
+        let cursor = cursor_param(self.cursor.as_deref())?;
         let limit = limit(
             self.limit.as_deref(),
             DEFAULT_HISTORY_LIMIT,
@@ -243,6 +255,32 @@ impl HistoryParams {
             cursor,
             limit: limit as u32,
         })
+    }
+}
+
+/// The query parameter `field`, an RFC 3339 time, if given; the error names `field`.
+pub(super) fn time_param(
+    field: &str,
+    raw: Option<&str>,
+) -> Result<Option<std::time::SystemTime>, ApiError> {
+    raw.map(|s| {
+        super::events::parse_time(s).ok_or_else(|| {
+            ApiError::invalid(field, "must be an RFC 3339 time, e.g. 2026-03-01T12:00:00Z")
+        })
+    })
+    .transpose()
+}
+
+/// A page cursor, if given: refused here when it cannot be one this API issued, and by the
+/// store when it is not one it issued.
+pub(super) fn cursor_param(raw: Option<&str>) -> Result<Option<String>, ApiError> {
+    match raw {
+        Some("") => Err(ApiError::invalid("cursor", "must not be empty")),
+        Some(c) if c.len() > 512 => Err(ApiError::invalid(
+            "cursor",
+            "is not a cursor returned by this API",
+        )),
+        c => Ok(c.map(str::to_owned)),
     }
 }
 

@@ -7,18 +7,21 @@
 //! [`MemoryEventSink`] keeps events in memory for tests.
 //!
 //! # Idempotency
-//! The same `id` posted twice is one event. Two layers make it so:
+//! The same (tenant, `id`) posted twice within `ingest.dedupe_window` is one event, whichever
+//! instance takes each copy and across restarts. Three layers make it so:
 //! - [`RecentIds`]: this API instance remembers recently accepted (tenant, id) pairs (bounded in
-//!   count and age). A repeat answers 202 with the same id without publishing again; a repeat
-//!   that arrives while the first is still being published waits for it. A repeat with a
-//!   different tenant, type or payload is 409 `conflict`: it is a different event under a reused
-//!   id, and accepting it silently would lose it.
-//! - The fan-out stage drops event ids it has seen recently on the same input partition. The key
-//!   is the event id, so every copy of an event lands on the same partition of the events topic,
-//!   whichever API instance took it: this covers repeats sent to other instances, repeats after
-//!   the cache forgot, and the duplicate a producer retry can write when a publish times out here
-//!   but reached the broker. That dedup should be keyed by (tenant, id), as this cache is, so two
-//!   tenants that happen to pick the same id never drop each other's events.
+//!   count, and in age by the window). A repeat answers 202 with the same id without publishing
+//!   again; a repeat that arrives while the first is still being published waits for it. A
+//!   repeat with a different type or payload is 409 `conflict`: it is a different event under a
+//!   reused id, and accepting it silently would lose it.
+//! - The store: before publishing, the handler reads the (tenant, id) the fan-out recorded.
+//!   Received within the window with the same fingerprint ([`crate::input::fingerprint`]), the
+//!   post answers 202 as the first did without publishing; with another, 409. This covers
+//!   repeats sent to another instance or after a restart, once the first copy was fanned out.
+//!   When the store does not answer, the post is 503 (retry with the same id) rather than a
+//!   guess.
+//! - The fan-out checks the store too, and drops a repeat that reached it before the first copy
+//!   was recorded (two posts at once to two instances, or a producer retry's duplicate).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -41,6 +44,7 @@ use crate::event_type::EventType;
 use crate::id::{EventId, Tenant};
 use crate::input::fingerprint;
 use crate::record::{UnixMillis, rfc3339_millis};
+use crate::storage::StoreError;
 
 use super::AdminState;
 use super::auth::Caller;
@@ -335,6 +339,19 @@ impl RecentIds {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Forgets (`tenant`, `id`) if its slot is still `cell` and nothing was published through
+    /// it, so that a claim made for content the store refused does not stand for the id.
+    pub fn forget(&self, tenant: &Tenant, id: &EventId, cell: &Arc<OnceCell<()>>) {
+        let key = (tenant.clone(), id.clone());
+        let mut r = self.lock();
+        if r.slots
+            .get(&key)
+            .is_some_and(|s| Arc::ptr_eq(&s.cell, cell) && !s.cell.initialized())
+        {
+            r.slots.remove(&key);
+        }
+    }
+
     /// Finds or creates the slot of (`tenant`, `id`) for an event whose content hashes to
     /// `fingerprint`.
     pub fn claim(&self, tenant: &Tenant, id: &EventId, fingerprint: [u8; 32]) -> Claim {
@@ -495,13 +512,20 @@ pub async fn ingest(
     let event = body.validate(&caller, state.max_payload_bytes, SystemTime::now())?;
     let fp = fingerprint(&event.tenant, &event.event_type, &event.payload);
     match state.recent_ids.claim(&event.tenant, &event.id, fp) {
-        Claim::Mismatch => Err(ApiError::Conflict(format!(
-            "id: event {} was already ingested with a different type or payload; use a new id",
-            event.id
-        ))),
+        Claim::Mismatch => Err(reused(&event.id)),
         Claim::Slot(cell) => {
-            let sink = &state.events;
-            cell.get_or_try_init(|| sink.publish(&event)).await?;
+            match cell
+                .get_or_try_init(|| publish_once(&state, &event, fp))
+                .await
+            {
+                Ok(()) => {}
+                Err(e @ ApiError::Conflict(_)) => {
+                    // The stored event owns the id: its own repeats must not meet this slot.
+                    state.recent_ids.forget(&event.tenant, &event.id, &cell);
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
             Ok((
                 StatusCode::ACCEPTED,
                 Json(Accepted {
@@ -509,5 +533,56 @@ pub async fn ingest(
                 }),
             ))
         }
+    }
+}
+
+/// The 409 for an id already taken by a different event.
+fn reused(id: &EventId) -> ApiError {
+    ApiError::Conflict(format!(
+        "id: event {id} was already ingested with a different type or payload; use a new id"
+    ))
+}
+
+/// Publishes `event` unless the store already holds it, received within the dedupe window:
+/// then the same content is a repeat (nothing to publish), a different one a conflict. The
+/// store sees what every instance ingested before and since a restart; the fan-out checks
+/// again, for repeats that reach it before their first copy was recorded.
+async fn publish_once(
+    state: &AdminState,
+    event: &NativeEvent,
+    fp: [u8; 32],
+) -> Result<(), ApiError> {
+    let stored = state
+        .deliveries
+        .event(&event.tenant, &event.id)
+        .await
+        .map_err(|e| match e {
+            StoreError::Unavailable(detail) => {
+                tracing::warn!(%detail, "delivery store unavailable for an ingest check");
+                ApiError::Unavailable(
+                    "the delivery store did not answer, so whether this id was already \
+                     ingested is unknown; retry with the same id"
+                        .to_owned(),
+                )
+            }
+            other => other.into(),
+        })?;
+    // A received_at ahead of this clock (another instance's) counts as within.
+    let within = |at: SystemTime| {
+        SystemTime::now()
+            .duration_since(at)
+            .ok()
+            .is_none_or(|age| age <= state.dedupe_window)
+    };
+    match stored {
+        Some(first) if within(first.received_at) => {
+            let hex: String = fp.iter().map(|b| format!("{b:02x}")).collect();
+            if first.fingerprint == hex {
+                Ok(())
+            } else {
+                Err(reused(&event.id))
+            }
+        }
+        _ => Ok(state.events.publish(event).await?),
     }
 }

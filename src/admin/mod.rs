@@ -8,9 +8,10 @@
 //! | `GET / PATCH / DELETE /v1/endpoints/{id}` | read, change (`enabled: true` re-enables), delete (204) |
 //! | `POST /v1/endpoints/{id}/secrets` | rotate (201, new secret once; old ones expire as asked) |
 //! | `GET /v1/endpoints/{id}/deliveries?state=&since=&cursor=&limit=` | history, newest first |
-//! | `POST /v1/events` | ingest (202 `{"id"}`, idempotent on `id`) |
+//! | `POST /v1/events` | ingest (202 `{"id"}`, idempotent on `id` within `ingest.dedupe_window`) |
+//! | `GET /v1/events?tenant=&type=&since=&until=&cursor=&limit=` | a tenant's events, newest first |
 //! | `GET /v1/events/{id}/deliveries` | one row per endpoint the event went to |
-//! | `GET /v1/deliveries/{id}` | state and every attempt |
+//! | `GET /v1/deliveries/{id}` | state, every attempt and the request as sent |
 //! | `GET /v1/health`, `GET /v1/health/ready` | liveness; readiness (Kafka, endpoint view) |
 //!
 //! Every error is `{"code","detail"}` ([`error::ApiError`]); the detail names the field or
@@ -32,9 +33,11 @@ pub mod body;
 pub mod deliveries;
 pub mod endpoints;
 pub mod error;
+pub mod event_list;
 pub mod events;
 pub mod health;
 pub mod replays;
+pub mod sent;
 
 #[cfg(test)]
 mod tests;
@@ -82,6 +85,9 @@ pub struct AdminState {
     pub kafka_ready: watch::Receiver<bool>,
     /// Recently ingested event ids (idempotent ingest).
     pub recent_ids: Arc<RecentIds>,
+    /// Within this long of the first, the same (tenant, event id) is the same event
+    /// (`ingest.dedupe_window`).
+    pub dedupe_window: Duration,
     /// Largest event payload accepted (`http.max_payload_bytes`).
     pub max_payload_bytes: usize,
     /// The sender's rules for endpoint URLs, applied at registration where they need no DNS;
@@ -131,6 +137,7 @@ impl std::fmt::Debug for AdminState {
             .field("auth", &self.auth)
             .field("kafka_ready", &*self.kafka_ready.borrow())
             .field("recent_ids", &self.recent_ids)
+            .field("dedupe_window", &self.dedupe_window)
             .field("max_payload_bytes", &self.max_payload_bytes)
             .field("url_rules", &self.url_rules)
             .finish_non_exhaustive()
@@ -154,6 +161,7 @@ impl AdminState {
             auth: Arc::new(auth),
             kafka_ready,
             recent_ids: Arc::new(RecentIds::default()),
+            dedupe_window: events::DEFAULT_RECENT_TTL,
             max_payload_bytes: crate::input::DEFAULT_MAX_PAYLOAD,
             url_rules: None,
             replayer: None,
@@ -176,6 +184,14 @@ impl AdminState {
     /// Applies the sender's URL rules at registration (see [`UrlRules`]).
     pub fn with_url_rules(mut self, rules: UrlRules) -> AdminState {
         self.url_rules = Some(Arc::new(rules));
+        self
+    }
+
+    /// Sets `ingest.dedupe_window`: how long a (tenant, event id) stays one event, in the store
+    /// and in this instance's memory of recent ids.
+    pub fn with_dedupe_window(mut self, window: Duration) -> AdminState {
+        self.dedupe_window = window;
+        self.recent_ids = Arc::new(RecentIds::new(events::DEFAULT_RECENT_IDS, window));
         self
     }
 
@@ -204,7 +220,7 @@ pub fn router(state: AdminState) -> Router {
             "/v1/endpoints/{id}/deliveries",
             get(deliveries::by_endpoint),
         )
-        .route("/v1/events", post(events::ingest))
+        .route("/v1/events", post(events::ingest).get(event_list::list))
         .route("/v1/events/{id}/deliveries", get(deliveries::by_event))
         .route("/v1/deliveries/{id}", get(deliveries::get))
         .route("/v1/deliveries/{id}/replay", post(replays::replay_delivery))

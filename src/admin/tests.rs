@@ -1,5 +1,8 @@
 //! Router tests on in-memory stores: every route and error path, through `oneshot`.
 
+/// Deliveries in every state, the request as sent, the events list, ingest repeats.
+mod reads;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1980,7 +1983,7 @@ async fn a_dead_delivery_replays_for_its_tenant_with_an_audited_actor() {
     assert_error(&a, StatusCode::NOT_FOUND, "not_found", "dlv_nope");
     // A delivery being retried does not replay: it is attempted again anyway.
     let a = call(&app, Method::POST, &uri(&retrying_id), ACME, None).await;
-    assert_error(&a, StatusCode::CONFLICT, "conflict", "is failed");
+    assert_error(&a, StatusCode::CONFLICT, "conflict", "is scheduled");
     // A delivered one does (sent again from its record in the deliveries topic).
     let a = call(&app, Method::POST, &uri(&done_id), ACME, None).await;
     assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.text);

@@ -88,6 +88,7 @@ pub(super) async fn serve(
         ready_rx,
     )
     .with_max_payload_bytes(usize::try_from(config.http.max_payload_bytes).unwrap_or(usize::MAX))
+    .with_dedupe_window(config.ingest.dedupe_window)
     .with_url_rules(UrlRules {
         policy: Policy::with_allowed(config.http.allow_cidrs.iter().copied()),
         allow_http: config.http.dangerous_allow_http,

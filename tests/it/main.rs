@@ -4,6 +4,7 @@ mod cql_pipeline;
 mod cql_store;
 mod delivery_states;
 mod dev;
+mod events_api;
 mod helm;
 mod image;
 mod ingest_dedupe;
