@@ -18,23 +18,25 @@ use hookline::storage::scylla::{
     connect_session, connect_session_with, tls_context,
 };
 use hookline::storage::{
-    AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, DeliveryStore, HistoryQuery, Page,
-    StoreError,
+    AttemptOutcome, AttemptRow, DeliveryState, DeliveryStatus, DeliveryStore, EventQuery, EventRow,
+    HistoryQuery, Page, StoreError,
 };
 use scylla::client::session::Session;
+use scylla::value::{CqlTimestamp, CqlValue};
 
 use crate::services::fixture::{cql_login, cql_store_config, require_cql_tls};
 
 const CQL_ADDR: &str = "127.0.0.1:9042";
 
-struct Cql {
-    session: Arc<Session>,
-    config: ScyllaConfig,
+/// A session on the test server and the config of a keyspace of the test's own.
+pub(crate) struct Cql {
+    pub(crate) session: Arc<Session>,
+    pub(crate) config: ScyllaConfig,
 }
 
 /// A session on the test server and a fresh keyspace name; fails (never skips) when the server
 /// is not running.
-async fn cql() -> Cql {
+pub(crate) async fn cql() -> Cql {
     let reachable = tokio::time::timeout(
         Duration::from_secs(3),
         tokio::net::TcpStream::connect(CQL_ADDR),
@@ -63,7 +65,7 @@ async fn cql() -> Cql {
 }
 
 impl Cql {
-    async fn migrate(&self) -> hookline::storage::scylla::migrate::MigrationReport {
+    pub(crate) async fn migrate(&self) -> hookline::storage::scylla::migrate::MigrationReport {
         migrate(
             &self.session,
             &self.config.keyspace,
@@ -74,7 +76,7 @@ impl Cql {
         .expect("migrate")
     }
 
-    async fn store(&self) -> Arc<ScyllaStore> {
+    pub(crate) async fn store(&self) -> Arc<ScyllaStore> {
         Arc::new(
             ScyllaStore::with_session(self.session.clone(), &self.config)
                 .await
@@ -83,7 +85,10 @@ impl Cql {
     }
 
     /// Runs `body`, then drops the keyspace whether `body` panicked or not.
-    async fn run<F: std::future::Future<Output = ()>>(self, body: impl FnOnce(Arc<Cql>) -> F) {
+    pub(crate) async fn run<F: std::future::Future<Output = ()>>(
+        self,
+        body: impl FnOnce(Arc<Cql>) -> F,
+    ) {
         let this = Arc::new(self);
         let outcome = AssertUnwindSafe(body(this.clone())).catch_unwind().await;
         let drop = format!("DROP KEYSPACE IF EXISTS {}", this.config.keyspace);
@@ -257,7 +262,7 @@ async fn tls_checks_the_nodes_certificate_and_shows_hookline_s_own() {
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success() && stdout.contains("at schema version 6"),
+            out.status.success() && stdout.contains("at schema version 7"),
             "{stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );
@@ -367,18 +372,19 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     (3, "replay_marks"),
                     (4, "replay_claims"),
                     (5, "attempt_records"),
-                    (6, "replay_tenants")
+                    (6, "replay_tenants"),
+                    (7, "every_delivery")
                 ]
             );
-            assert_eq!(first.version, 6);
+            assert_eq!(first.version, 7);
             let second = c.migrate().await;
             assert!(second.applied.is_empty(), "second run applies nothing");
-            assert_eq!(second.version, 6);
+            assert_eq!(second.version, 7);
             let ks = &c.config.keyspace;
             let recorded = hookline::storage::scylla::migrate::applied_versions(&c.session, ks)
                 .await
                 .unwrap();
-            assert_eq!(recorded.len(), 6);
+            assert_eq!(recorded.len(), 7);
             for (recorded, m) in recorded.iter().zip(MIGRATIONS) {
                 assert_eq!(
                     recorded.checksum,
@@ -405,7 +411,7 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     err,
                     MigrateError::NewerSchema {
                         database: 999,
-                        binary: 6,
+                        binary: 7,
                         ..
                     }
                 ),
@@ -428,7 +434,7 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
                 err,
                 ScyllaError::SchemaBehind {
                     found: 0,
-                    needed: 6,
+                    needed: 7,
                     ..
                 }
             ));
@@ -438,7 +444,7 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
 }
 
 /// A keyspace a release with schema version 1 migrated: this binary refuses it until
-/// `hookline migrate` adds versions 2 to 5, which leave version 1's tables in place.
+/// `hookline migrate` adds versions 2 to 7, which leave version 1's tables in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_keyspace_is_refused_until_upgraded() {
     cql()
@@ -458,7 +464,7 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
                     err,
                     ScyllaError::SchemaBehind {
                         found: 1,
-                        needed: 6,
+                        needed: 7,
                         ..
                     }
                 ),
@@ -472,10 +478,11 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
                     (3, "replay_marks"),
                     (4, "replay_claims"),
                     (5, "attempt_records"),
-                    (6, "replay_tenants")
+                    (6, "replay_tenants"),
+                    (7, "every_delivery")
                 ]
             );
-            assert_eq!(upgrade.version, 6);
+            assert_eq!(upgrade.version, 7);
             c.store().await;
             // Version 1's tables stay (their rows expire with their TTL).
             for table in [
@@ -501,9 +508,9 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
         .await;
 }
 
-/// A run stopped after version 5 added its first column, before it recorded the version: the
-/// next run adds only what is missing (`ALTER TABLE ... ADD` has no `IF NOT EXISTS` in
-/// ScyllaDB) and records the version.
+/// A run stopped after version 5 added its first column (and one of version 7's), before it
+/// recorded the version: the next run adds only what is missing (`ALTER TABLE ... ADD` has no
+/// `IF NOT EXISTS` in ScyllaDB) and records the versions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_column_add_is_finished_by_the_next_run() {
     cql()
@@ -515,20 +522,32 @@ async fn an_interrupted_column_add_is_finished_by_the_next_run() {
                 .await
                 .unwrap();
             assert_eq!(before.version, 4);
-            c.session
-                .query_unpaged(
-                    format!("ALTER TABLE {ks}.attempts_by_delivery ADD record_partition int"),
-                    (),
-                )
-                .await
-                .unwrap();
+            for added in ["record_partition int", "note text"] {
+                c.session
+                    .query_unpaged(
+                        format!("ALTER TABLE {ks}.attempts_by_delivery ADD {added}"),
+                        (),
+                    )
+                    .await
+                    .unwrap();
+            }
             let after = c.migrate().await;
             assert_eq!(
                 after.applied,
-                [(5, "attempt_records"), (6, "replay_tenants")]
+                [
+                    (5, "attempt_records"),
+                    (6, "replay_tenants"),
+                    (7, "every_delivery")
+                ]
             );
-            assert_eq!(after.version, 6);
-            for column in ["record_partition", "record_offset"] {
+            assert_eq!(after.version, 7);
+            for column in [
+                "record_partition",
+                "record_offset",
+                "note",
+                "park_reason",
+                "request_headers",
+            ] {
                 let found = c
                     .session
                     .query_unpaged(
@@ -574,13 +593,30 @@ async fn the_migrate_command_applies_once() {
         assert!(stdout.contains("applied 004_replay_claims"), "{stdout}");
         assert!(stdout.contains("applied 005_attempt_records"), "{stdout}");
         assert!(stdout.contains("applied 006_replay_tenants"), "{stdout}");
+        assert!(stdout.contains("applied 007_every_delivery"), "{stdout}");
         let second = run();
         let stdout = String::from_utf8_lossy(&second.stdout);
         assert!(second.status.success());
         assert!(stdout.contains("nothing to apply"), "{stdout}");
-        assert!(stdout.contains("at schema version 6"), "{stdout}");
+        assert!(stdout.contains("at schema version 7"), "{stdout}");
     })
     .await;
+}
+
+/// `t` in CQL's milliseconds.
+fn row_ms(t: SystemTime) -> i64 {
+    i64::try_from(
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+/// The minute bucket of `t`, in milliseconds.
+fn row_bucket(t: SystemTime) -> i64 {
+    let ms = row_ms(t);
+    ms - ms.rem_euclid(60_000)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -596,28 +632,76 @@ async fn attempt_rows_carry_the_configured_ttl() {
             1,
         );
         store.record_attempt(&row).await.unwrap();
+        let event = EventRow {
+            tenant: row.tenant.clone(),
+            event_id: row.event_id.clone(),
+            event_type: row.event_type.clone(),
+            occurred_at: row.started_at,
+            received_at: row.started_at,
+            body: bytes::Bytes::from_static(b"{}"),
+            fingerprint: "f".into(),
+            endpoints: vec![row.endpoint_id.clone()],
+        };
+        store.record_event(&event).await.unwrap();
         let ks = &c.config.keyspace;
-        for (what, cql, key) in [
+        let bucket = CqlTimestamp(row_bucket(row.started_at));
+        let queries: [(&str, String, Vec<CqlValue>); 4] = [
             (
                 "attempt row",
-                format!("SELECT TTL(outcome) FROM {ks}.attempts_by_delivery WHERE delivery_id = ?"),
-                row.delivery_id.as_str(),
+                format!(
+                    "SELECT TTL(outcome) FROM {ks}.attempts_by_delivery \
+                     WHERE delivery_id = ? AND started_at = ? AND attempt = 1"
+                ),
+                vec![
+                    CqlValue::Text(row.delivery_id.to_string()),
+                    CqlValue::Timestamp(CqlTimestamp(row_ms(row.started_at))),
+                ],
             ),
             (
-                "event index",
-                format!("SELECT TTL(endpoint_id) FROM {ks}.deliveries_by_event WHERE event_id = ?"),
-                row.event_id.as_str(),
+                "creation row",
+                format!(
+                    "SELECT TTL(note) FROM {ks}.attempts_by_delivery \
+                     WHERE delivery_id = ? AND started_at = ? AND attempt = -1"
+                ),
+                vec![
+                    CqlValue::Text(row.delivery_id.to_string()),
+                    CqlValue::Timestamp(CqlTimestamp(row_ms(row.started_at))),
+                ],
             ),
-        ] {
+            (
+                "event row",
+                format!(
+                    "SELECT TTL(body) FROM {ks}.events \
+                     WHERE event_id = ? AND tenant = ? AND endpoint_id = ''"
+                ),
+                vec![
+                    CqlValue::Text(row.event_id.to_string()),
+                    CqlValue::Text(row.tenant.to_string()),
+                ],
+            ),
+            (
+                "tenant's events index",
+                format!(
+                    "SELECT TTL(event_type) FROM {ks}.events_by_tenant_bucket \
+                     WHERE tenant = ? AND bucket = ? AND event_id = ? ALLOW FILTERING"
+                ),
+                vec![
+                    CqlValue::Text(row.tenant.to_string()),
+                    CqlValue::Timestamp(bucket),
+                    CqlValue::Text(row.event_id.to_string()),
+                ],
+            ),
+        ];
+        for (what, cql, key) in queries {
             let (ttl,): (Option<i32>,) = c
                 .session
-                .query_unpaged(cql, (key,))
+                .query_unpaged(cql, key)
                 .await
                 .unwrap()
                 .into_rows_result()
                 .unwrap()
                 .single_row()
-                .unwrap();
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
             let ttl = ttl.unwrap_or_else(|| panic!("{what} has no TTL"));
             assert!((3000..=3600).contains(&ttl), "{what} TTL {ttl}");
         }
@@ -755,10 +839,11 @@ async fn history_paging_is_stable_while_other_tasks_insert() {
         .await;
 }
 
-/// Ten endpoints, each event fanned out to all of them, every attempt logged at once: the rows
-/// of one (endpoint, minute) and of one event go in shared batches. Every call that returns `Ok`
-/// has its history entry and event-index row readable, and callers that go away while their
-/// rows wait or are in flight cost no other caller a row.
+/// Ten endpoints, each event fanned out to all of them, every attempt logged at once, then
+/// every event recorded at once: the rows of one (endpoint, minute) and of one (tenant, minute)
+/// go in shared batches. Every call that returns `Ok` has its history entries and event index
+/// rows readable, and callers that go away while their rows wait or are in flight cost no
+/// other caller a row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn index_rows_logged_together_are_durable_and_outlive_dropped_callers() {
     cql()
@@ -822,15 +907,74 @@ async fn index_rows_logged_together_are_durable_and_outlive_dropped_callers() {
                     );
                 }
             }
-            for event in rows.iter().step_by(endpoints.len()).map(|r| &r.event_id) {
-                let listed = store.event_deliveries(event).await.unwrap();
-                for (_, row) in kept.iter().filter(|(_, r)| &r.event_id == event) {
-                    assert!(
-                        listed.iter().any(|s| s.delivery_id == row.delivery_id),
-                        "{} missing from {event}'s deliveries",
-                        row.delivery_id
-                    );
+            // The events recorded all at once, a third of their callers going away: every
+            // event whose call returned `Ok` lists all its deliveries and is in its tenant's
+            // events.
+            let tenant = hookline::id::Tenant::parse(format!("tnt_{run}")).unwrap();
+            let events: Vec<EventRow> = rows
+                .iter()
+                .step_by(endpoints.len())
+                .map(|r| EventRow {
+                    tenant: tenant.clone(),
+                    event_id: r.event_id.clone(),
+                    event_type: r.event_type.clone(),
+                    occurred_at: r.started_at,
+                    received_at: r.started_at,
+                    body: bytes::Bytes::from_static(b"{}"),
+                    fingerprint: "f".into(),
+                    endpoints: endpoints
+                        .iter()
+                        .map(|e| EndpointId::parse(e).unwrap())
+                        .collect(),
+                })
+                .collect();
+            let calls: Vec<_> = events
+                .iter()
+                .cloned()
+                .map(|event| {
+                    let store = store.clone();
+                    tokio::spawn(async move { store.record_event(&event).await })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let mut recorded = vec![];
+            for (i, (call, event)) in calls.into_iter().zip(&events).enumerate() {
+                if i % 3 == 0 {
+                    call.abort();
+                } else {
+                    recorded.push((call, event));
                 }
+            }
+            for (call, event) in &mut recorded {
+                call.await
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{}: {e}", event.event_id));
+            }
+            let listed_events = every_page(500, |cursor| {
+                let (store, tenant) = (store.clone(), tenant.clone());
+                async move {
+                    let query = EventQuery {
+                        limit: 500,
+                        cursor,
+                        ..Default::default()
+                    };
+                    store.events(&tenant, &query).await.unwrap()
+                }
+            })
+            .await;
+            for (_, event) in &recorded {
+                let listed = store.event_deliveries(&event.event_id).await.unwrap();
+                assert_eq!(
+                    listed.len(),
+                    endpoints.len(),
+                    "{}'s deliveries",
+                    event.event_id
+                );
+                assert!(
+                    listed_events.iter().any(|e| e.event_id == event.event_id),
+                    "{} missing from its tenant's events",
+                    event.event_id
+                );
             }
         })
         .await;

@@ -1,5 +1,6 @@
 //! hookline's integration tests: one binary, shared support in `support`.
 
+mod cql_every_delivery;
 mod cql_pipeline;
 mod cql_store;
 mod delivery_states;

@@ -379,29 +379,41 @@ async fn history_filters<S: DeliveryStore + ?Sized>(store: &S) {
     assert_eq!(recent.items.len(), 3, "since filter");
 }
 
+/// An event's deliveries are those its recorded event lists, attempted or not.
 async fn event_fan_out_listing<S: DeliveryStore + ?Sized>(store: &S) {
     let event = unique("evt");
-    let endpoints = [unique("ep"), unique("ep"), unique("ep")];
-    for ep in &endpoints {
+    let mut endpoints = vec![unique("ep"), unique("ep"), unique("ep")];
+    endpoints.sort();
+    let tenant = Tenant::parse("acme").expect("valid tenant");
+    let row = states::event_row(
+        &tenant,
+        &event,
+        "order.created",
+        SystemTime::now(),
+        &endpoints,
+    );
+    store.record_event(&row).await.unwrap();
+    for ep in &endpoints[..2] {
         store
             .record_attempt(&attempt_row(&event, ep, 1))
             .await
             .unwrap();
     }
-    let mut listed: Vec<String> = store
+    let listed = store
         .event_deliveries(&EventId::parse(&event).unwrap())
         .await
-        .unwrap()
-        .into_iter()
-        .map(|s| s.endpoint_id.to_string())
-        .collect();
-    listed.sort();
-    let mut expected = endpoints.to_vec();
-    expected.sort();
+        .unwrap();
+    let mut ids: Vec<String> = listed.iter().map(|s| s.endpoint_id.to_string()).collect();
+    ids.sort();
     assert_eq!(
-        listed, expected,
+        ids, endpoints,
         "one delivery per endpoint the event fanned out to"
     );
+    let attempted = listed
+        .iter()
+        .filter(|s| s.status == DeliveryStatus::Succeeded)
+        .count();
+    assert_eq!(attempted, 2, "two attempted, one pending");
 }
 
 async fn replay_audit<S: DeliveryStore + ?Sized>(store: &S) {

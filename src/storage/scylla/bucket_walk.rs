@@ -1,16 +1,17 @@
-//! Reading an endpoint's bucketed rows newest first, a page at a time.
+//! Reading an endpoint's or a tenant's bucketed rows newest first, a page at a time.
 //!
-//! An endpoint's history and dead letters are partitioned by (endpoint, minute)
-//! ([`row::BUCKET_MS`](super::row::BUCKET_MS)), so a busy endpoint's partition holds a minute
-//! of rows rather than a day's. `endpoint_buckets` lists each endpoint's non-empty buckets;
-//! a [`BucketWalk`] reads them newest first, several at once (a sparse endpoint's page spans
-//! many buckets with a few rows each), and stops as soon as the caller has its page.
+//! An endpoint's history and dead letters are partitioned by (endpoint, minute), a tenant's
+//! events by (tenant, minute) ([`row::BUCKET_MS`](super::row::BUCKET_MS)), so a busy
+//! partition holds a minute of rows rather than a day's. `endpoint_buckets` and
+//! `tenant_event_buckets` list the non-empty buckets; a [`BucketWalk`] reads them newest
+//! first, several at once (a sparse owner's page spans many buckets with a few rows each), and
+//! stops as soon as the caller has its page.
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
 
 use futures::StreamExt;
-use scylla::client::pager::TypedRowStream;
+use scylla::client::pager::{QueryPager, TypedRowStream};
 use scylla::response::PagingState;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlTimestamp;
@@ -18,7 +19,7 @@ use scylla::value::CqlTimestamp;
 use super::ScyllaStore;
 use super::error::{backend_error, exec_error, pager_error, row_error};
 use super::row::{BucketKey, BucketKind, bucket_of};
-use crate::id::EndpointId;
+use crate::id::{EndpointId, Tenant};
 use crate::storage::StoreError;
 
 /// Most buckets one round of a [`BucketWalk`] reads at once.
@@ -26,6 +27,24 @@ const MAX_BUCKETS_IN_FLIGHT: usize = 8;
 /// Rows per page of an endpoint's bucket listing: a round takes at most
 /// [`MAX_BUCKETS_IN_FLIGHT`] of them, so a larger page would mostly be read for nothing.
 pub(super) const BUCKET_LIST_PAGE: i32 = 64;
+
+/// A place in an owner's bucketed rows: a row's bucket, time and id (delivery or event).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Position {
+    pub(super) bucket: CqlTimestamp,
+    pub(super) at: CqlTimestamp,
+    pub(super) id: String,
+}
+
+impl From<BucketKey> for Position {
+    fn from(key: BucketKey) -> Position {
+        Position {
+            bucket: key.bucket,
+            at: key.at,
+            id: key.delivery_id.as_str().to_owned(),
+        }
+    }
+}
 
 impl ScyllaStore {
     /// A walk over `endpoint`'s rows of one bucketed table, newest first: from before `cursor`
@@ -38,8 +57,8 @@ impl ScyllaStore {
         cursor: Option<BucketKey>,
         since: Option<CqlTimestamp>,
     ) -> Result<BucketWalk<'s, R>, StoreError> {
-        let newest = cursor.as_ref().map_or(CqlTimestamp(i64::MAX), |c| c.bucket);
-        let oldest = since.map_or(CqlTimestamp(i64::MIN), bucket_of);
+        let cursor = cursor.map(Position::from);
+        let (newest, oldest) = bucket_range(cursor.as_ref(), since);
         let buckets = {
             let _permit = self.permit().await?;
             self.session
@@ -49,10 +68,7 @@ impl ScyllaStore {
                 )
                 .await
                 .map_err(pager_error)?
-        }
-        .rows_stream::<(CqlTimestamp,)>()
-        .map_err(backend_error)?;
-        let page_rows = i32::try_from(page_rows.max(1)).unwrap_or(i32::MAX);
+        };
         let (all, before) = match kind {
             BucketKind::History => (
                 &self.st.bucket.select_history,
@@ -63,13 +79,57 @@ impl ScyllaStore {
                 &self.st.bucket.select_dead_before,
             ),
         };
-        let (mut all, mut before) = (all.clone(), before.clone());
+        self.walk_listed(buckets, endpoint.as_str(), (all, before), page_rows, cursor)
+    }
+
+    /// A walk over `tenant`'s events index, newest first: from before `from` (when given)
+    /// back to the bucket of `since` (when given), `page_rows` rows per request.
+    pub(super) async fn walk_tenant_events<'s, R>(
+        &'s self,
+        tenant: &'s Tenant,
+        page_rows: usize,
+        from: Option<Position>,
+        since: Option<CqlTimestamp>,
+    ) -> Result<BucketWalk<'s, R>, StoreError> {
+        let (newest, oldest) = bucket_range(from.as_ref(), since);
+        let buckets = {
+            let _permit = self.permit().await?;
+            self.session
+                .execute_iter(
+                    self.st.event.select_tenant_buckets.clone(),
+                    (tenant.as_str(), oldest, newest),
+                )
+                .await
+                .map_err(pager_error)?
+        };
+        let queries = (
+            &self.st.event.select_tenant_events,
+            &self.st.event.select_tenant_events_before,
+        );
+        self.walk_listed(buckets, tenant.as_str(), queries, page_rows, from)
+    }
+
+    /// A walk over the buckets `buckets` lists, read with `queries` (a whole bucket, a
+    /// bucket's rows before a position) for `owner`.
+    fn walk_listed<'s, R>(
+        &'s self,
+        buckets: QueryPager,
+        owner: &'s str,
+        queries: (&PreparedStatement, &PreparedStatement),
+        page_rows: usize,
+        cursor: Option<Position>,
+    ) -> Result<BucketWalk<'s, R>, StoreError> {
+        let buckets = buckets
+            .rows_stream::<(CqlTimestamp,)>()
+            .map_err(backend_error)?;
+        let page_rows = i32::try_from(page_rows.max(1)).unwrap_or(i32::MAX);
+        let (mut all, mut before) = (queries.0.clone(), queries.1.clone());
         all.set_page_size(page_rows);
         before.set_page_size(page_rows);
         Ok(BucketWalk {
             reader: BucketReader {
                 store: self,
-                endpoint: endpoint.as_str(),
+                owner,
                 all,
                 before,
                 cursor,
@@ -82,6 +142,16 @@ impl ScyllaStore {
             rows_read: 0,
         })
     }
+}
+
+/// The newest and oldest bucket a walk from before `from` back to `since` reads.
+fn bucket_range(
+    from: Option<&Position>,
+    since: Option<CqlTimestamp>,
+) -> (CqlTimestamp, CqlTimestamp) {
+    let newest = from.map_or(CqlTimestamp(i64::MAX), |c| c.bucket);
+    let oldest = since.map_or(CqlTimestamp(i64::MIN), bucket_of);
+    (newest, oldest)
 }
 
 /// One request's worth of one bucket's rows, newest first.
@@ -98,16 +168,17 @@ struct BucketRest {
     from: PagingState,
 }
 
-/// Reads pages of an endpoint's buckets of one table, each request under one permit.
+/// Reads pages of an owner's buckets of one table, each request under one permit.
 struct BucketReader<'s> {
     store: &'s ScyllaStore,
-    endpoint: &'s str,
+    /// The endpoint or tenant.
+    owner: &'s str,
     /// The table's query for a whole bucket.
     all: PreparedStatement,
     /// The table's query for a bucket's rows before a position.
     before: PreparedStatement,
-    /// Only rows before this position (older, or as old with a smaller delivery id) are read.
-    cursor: Option<BucketKey>,
+    /// Only rows before this position (older, or as old with a smaller id) are read.
+    cursor: Option<Position>,
 }
 
 impl BucketReader<'_> {
@@ -124,14 +195,14 @@ impl BucketReader<'_> {
         let _permit = self.store.permit().await?;
         let (result, paging) = match &self.cursor {
             Some(c) if c.bucket == bucket => {
-                let values = (self.endpoint, bucket, c.at, c.delivery_id.as_str());
+                let values = (self.owner, bucket, c.at, c.id.as_str());
                 session
                     .execute_single_page(&self.before, values, from)
                     .await
             }
             _ => {
                 session
-                    .execute_single_page(&self.all, (self.endpoint, bucket), from)
+                    .execute_single_page(&self.all, (self.owner, bucket), from)
                     .await
             }
         }
@@ -151,8 +222,8 @@ impl BucketReader<'_> {
     }
 }
 
-/// Walks an endpoint's non-empty buckets of one table (as `endpoint_buckets` lists them)
-/// newest first, and hands out their rows a page at a time, in order: newest bucket first,
+/// Walks an owner's non-empty buckets of one table (as `endpoint_buckets` or
+/// `tenant_event_buckets` lists them) newest first, and hands out their rows a page at a time, in order: newest bucket first,
 /// each bucket's rows newest first.
 ///
 /// Buckets are read in rounds of several at once: a sparse endpoint's page spans many buckets

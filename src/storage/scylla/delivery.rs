@@ -1,22 +1,28 @@
-//! Reading a delivery: its attempts, and its state, derived from them.
+//! Reading a delivery: its attempts, and its state, derived from its log.
 //!
-//! A delivery's state is not written at all: it is derived, on read, from the delivery's
-//! attempt rows (one partition, oldest first). Their count is the attempt count, the first row
-//! the first attempt, and the last row, the latest-started attempt, sets the status. So a
-//! duplicate of an attempt (same start and number) is stored once and an older attempt logged
-//! late cannot overwrite a newer status, whatever order attempts are logged in; and the state
-//! follows what the attempt log still holds as rows expire.
+//! A delivery's state is not written at all: it is derived, on read, from the rows of the
+//! delivery's log (one partition: its creation, attempts and notes) by the fold both stores
+//! share ([`state`](crate::storage::state)). So a duplicate of a row (same time and number) is
+//! stored once, and a row written late cannot overwrite a newer status, whatever order rows
+//! are written in; and the state follows what the log still holds as rows expire.
+
+use std::collections::BTreeSet;
 
 use futures::{StreamExt, TryStreamExt};
 use scylla::DeserializeRow;
+use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlTimestamp;
 
 use super::error::{backend_error, corrupt, pager_error, row_error};
+use super::note::{CREATED, DEAD, PARKED};
 use super::row::{self, from_cql, status_from_col};
 use super::{MAX_ATTEMPTS_READ, MAX_EVENT_DELIVERIES, ScyllaStore};
 use crate::attempt::ErrorClass;
+use crate::dead_reason::DeadReason;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
-use crate::storage::state::{Derivation, Entry, Identity};
+use crate::park_reason::ParkReason;
+use crate::storage::NoteKind;
+use crate::storage::state::{Derivation, Entry, EntryKind, Identity};
 use crate::storage::{AttemptRow, DeliveryState, RecordPosition, StoreError};
 
 /// Point reads in flight for one history page or event listing.
@@ -43,10 +49,12 @@ struct AttemptCols {
     dead_reason: Option<String>,
     record_partition: Option<i32>,
     record_offset: Option<i64>,
+    request_headers: Option<Vec<(String, String)>>,
+    /// Set on creation and note rows, which are not attempts.
+    note: Option<String>,
 }
 
-/// The columns of an attempt row that delivery state is derived from (no body).
-
+/// The columns of a log row that delivery state is derived from (no body).
 #[derive(DeserializeRow)]
 struct StateCols {
     delivery_id: String,
@@ -61,13 +69,13 @@ struct StateCols {
     outcome: Option<String>,
     next_attempt_at: Option<CqlTimestamp>,
     dead_reason: Option<String>,
+    note: Option<String>,
+    park_reason: Option<String>,
 }
 
 impl ScyllaStore {
-    /// A delivery's state, derived from its attempt rows: the count of rows is the attempt
-    /// count, the first row (clustering order) the first attempt, the last row the
-    /// latest-started attempt, which sets the status. `None` when no row is left (never logged,
-    /// or every row expired).
+    /// A delivery's state, derived from the rows of its log (at most [`MAX_ATTEMPTS_READ`]);
+    /// `None` when no row is left (never written, or every row expired).
     pub(super) async fn read_state(&self, id: &str) -> Result<Option<DeliveryState>, StoreError> {
         let _permit = self.permit().await?;
         let mut rows = self
@@ -107,39 +115,45 @@ impl ScyllaStore {
             .rows_stream::<AttemptCols>()
             .map_err(backend_error)?;
         let mut rows = Vec::new();
+        let mut read = 0usize;
         while let Some(cols) = stream.next().await {
-            rows.push(attempt_from_cols(cols.map_err(row_error)?)?);
-            if rows.len() == MAX_ATTEMPTS_READ {
+            let cols = cols.map_err(row_error)?;
+            read += 1;
+            if cols.note.is_none() {
+                rows.push(attempt_from_cols(cols)?);
+            }
+            if read == MAX_ATTEMPTS_READ {
                 break;
             }
         }
         Ok(rows)
     }
 
-    /// The states of an event's deliveries, at most [`MAX_EVENT_DELIVERIES`].
+    /// The states of an event's deliveries (every tenant's), at most
+    /// [`MAX_EVENT_DELIVERIES`], by delivery id: those its `events` partition lists, and those
+    /// the `deliveries_by_event` rows of attempts logged before version 7 list.
     pub(super) async fn read_event_deliveries(
         &self,
         event: &EventId,
     ) -> Result<Vec<DeliveryState>, StoreError> {
-        let ids: Vec<String> = {
-            let _permit = self.permit().await?;
-            let mut stream = self
-                .session
-                .execute_iter(self.st.attempt.select_by_event.clone(), (event.as_str(),))
-                .await
-                .map_err(pager_error)?
-                .rows_stream::<(String,)>()
-                .map_err(backend_error)?;
-            let mut ids = Vec::new();
-            while let Some(row) = stream.next().await {
-                ids.push(row.map_err(row_error)?.0);
-                if ids.len() == MAX_EVENT_DELIVERIES {
-                    break;
-                }
+        let (listed, legacy) = tokio::try_join!(
+            self.read_ids(&self.st.event.select_event_endpoints, event),
+            self.read_ids(&self.st.attempt.select_by_event, event),
+        )?;
+        let mut ids = BTreeSet::new();
+        let listed: Vec<(String, String)> = listed;
+        for (_tenant, endpoint) in listed {
+            if endpoint.is_empty() {
+                continue;
             }
-            ids
-        };
+            let endpoint =
+                EndpointId::parse(endpoint).map_err(|_| corrupt("event", event.as_str()))?;
+            ids.insert(DeliveryId::derive(event, &endpoint).as_str().to_owned());
+        }
+        let legacy: Vec<(String,)> = legacy;
+        ids.extend(legacy.into_iter().map(|(id,)| id));
         let states: Vec<Option<DeliveryState>> = futures::stream::iter(ids)
+            .take(MAX_EVENT_DELIVERIES)
             .map(|id| async move { self.read_state(&id).await })
             .buffered(READ_FAN_OUT)
             .try_collect()
@@ -150,10 +164,69 @@ impl ScyllaStore {
             .filter(|s| &s.event_id == event)
             .collect())
     }
+
+    /// The rows `statement` reads for `event`, at most [`MAX_EVENT_DELIVERIES`].
+    async fn read_ids<R>(
+        &self,
+        statement: &PreparedStatement,
+        event: &EventId,
+    ) -> Result<Vec<R>, StoreError>
+    where
+        R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm>,
+    {
+        let _permit = self.permit().await?;
+        let mut stream = self
+            .session
+            .execute_iter(statement.clone(), (event.as_str(),))
+            .await
+            .map_err(pager_error)?
+            .rows_stream::<R>()
+            .map_err(backend_error)?;
+        let mut rows = Vec::new();
+        while let Some(row) = stream.next().await {
+            rows.push(row.map_err(row_error)?);
+            if rows.len() == MAX_EVENT_DELIVERIES {
+                break;
+            }
+        }
+        Ok(rows)
+    }
 }
 
 /// A row of a delivery's log as an entry of its state, with the delivery it names.
 fn entry_from_cols(c: StateCols) -> Result<(Identity, Entry), StoreError> {
+    let bad = || corrupt("delivery log", &c.delivery_id);
+    let note = match c.note.as_deref() {
+        None => None,
+        Some(CREATED) => Some(EntryKind::Created),
+        Some(PARKED) => Some(EntryKind::Note(NoteKind::Parked {
+            reason: c
+                .park_reason
+                .as_deref()
+                .and_then(ParkReason::parse)
+                .ok_or_else(bad)?,
+            next_attempt_at: from_cql(c.next_attempt_at.ok_or_else(bad)?),
+        })),
+        Some(DEAD) => Some(EntryKind::Note(NoteKind::Dead {
+            reason: c
+                .dead_reason
+                .as_deref()
+                .and_then(DeadReason::parse)
+                .ok_or_else(bad)?,
+        })),
+        Some(_) => return Err(bad()),
+    };
+    if let Some(kind) = note {
+        let identity = identity_from_cols(
+            &c.delivery_id,
+            c.event_id,
+            c.endpoint_id,
+            c.tenant,
+            c.event_type,
+        )?;
+        let at = from_cql(c.started_at);
+        return Ok((identity, Entry { at, kind }));
+    }
     let row = attempt_from_cols(AttemptCols {
         delivery_id: c.delivery_id,
         started_at: c.started_at,
@@ -173,8 +246,28 @@ fn entry_from_cols(c: StateCols) -> Result<(Identity, Entry), StoreError> {
         dead_reason: c.dead_reason,
         record_partition: None,
         record_offset: None,
+        request_headers: None,
+        note: None,
     })?;
     Ok((Identity::of_attempt(&row), Entry::attempt(&row)))
+}
+
+/// The delivery a log row names; a row missing a column of it is corrupt.
+fn identity_from_cols(
+    delivery_id: &str,
+    event_id: Option<String>,
+    endpoint_id: Option<String>,
+    tenant: Option<String>,
+    event_type: Option<String>,
+) -> Result<Identity, StoreError> {
+    let bad = || corrupt("delivery log", delivery_id);
+    Ok(Identity {
+        delivery_id: DeliveryId::parse(delivery_id).map_err(|_| bad())?,
+        event_id: EventId::parse(event_id.ok_or_else(bad)?).map_err(|_| bad())?,
+        endpoint_id: EndpointId::parse(endpoint_id.ok_or_else(bad)?).map_err(|_| bad())?,
+        tenant: Tenant::parse(tenant.ok_or_else(bad)?).map_err(|_| bad())?,
+        event_type: event_type.ok_or_else(bad)?,
+    })
 }
 
 /// An attempt row as the store's type; a row missing a column it needs is corrupt.
@@ -191,13 +284,19 @@ fn attempt_from_cols(c: AttemptCols) -> Result<AttemptRow, StoreError> {
         c.dead_reason.as_deref(),
     )
     .ok_or_else(bad)?;
+    let id = identity_from_cols(
+        &c.delivery_id,
+        c.event_id,
+        c.endpoint_id,
+        c.tenant,
+        c.event_type,
+    )?;
     Ok(AttemptRow {
-        delivery_id: DeliveryId::parse(c.delivery_id.as_str()).map_err(|_| bad())?,
-        event_id: EventId::parse(c.event_id.clone().ok_or_else(bad)?).map_err(|_| bad())?,
-        endpoint_id: EndpointId::parse(c.endpoint_id.clone().ok_or_else(bad)?)
-            .map_err(|_| bad())?,
-        tenant: Tenant::parse(c.tenant.clone().ok_or_else(bad)?).map_err(|_| bad())?,
-        event_type: c.event_type.clone().ok_or_else(bad)?,
+        delivery_id: id.delivery_id,
+        event_id: id.event_id,
+        endpoint_id: id.endpoint_id,
+        tenant: id.tenant,
+        event_type: id.event_type,
         attempt: u32::try_from(c.attempt).map_err(|_| bad())?,
         started_at: from_cql(c.started_at),
         status: status_from_col(c.status),
@@ -215,6 +314,7 @@ fn attempt_from_cols(c: AttemptCols) -> Result<AttemptRow, StoreError> {
             .record_partition
             .zip(c.record_offset)
             .map(|(partition, offset)| RecordPosition { partition, offset }),
-        request_headers: vec![],
+        // CQL stores an empty list as null.
+        request_headers: c.request_headers.unwrap_or_default(),
     })
 }

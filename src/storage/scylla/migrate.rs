@@ -65,10 +65,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "replay_tenants",
         cql: include_str!("../../../schemas/cql/006_replay_tenants.cql"),
     },
+    Migration {
+        version: 7,
+        name: "every_delivery",
+        cql: include_str!("../../../schemas/cql/007_every_delivery.cql"),
+    },
 ];
 
 /// The newest schema version this binary knows (and needs).
-pub const LATEST_VERSION: u32 = 6;
+pub const LATEST_VERSION: u32 = 7;
 
 /// A version recorded in `schema_migrations`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,7 +9,10 @@
 //!
 //! Differences from the embedded store, by design: times are kept at millisecond precision (CQL
 //! `timestamp`); logging the exact same attempt twice stores it once; two attempts started in
-//! the same millisecond are ordered by attempt number rather than by logging order.
+//! the same millisecond are ordered by attempt number rather than by logging order; an event's
+//! deliveries are those its recorded event lists (and, for events fanned out before schema
+//! version 7, those its attempts listed then), where the embedded store also lists a delivery
+//! it knows only from attempts or notes.
 //!
 //! When the cluster is unreachable every call fails with [`StoreError::Unavailable`] after at
 //! most `write_timeout` per request it waits for (an index row may first wait for the batch of
@@ -19,11 +22,14 @@
 //! Where things live:
 //! - [`session`]: opening a driver session (routing, consistency, login, TLS);
 //!   [`setup`]: building the store on it (schema check, [`statement`]s prepared once).
-//! - [`attempt_log`]: logging an attempt and its index rows, the index rows through
-//!   [`group_commit`] and [`bucket_index`].
-//! - [`delivery`]: a delivery's attempts and the state derived from them.
-//! - [`bucket_walk`]: reading an endpoint's minute buckets newest first, for [`history`] and
-//!   [`dead_letter`] pages.
+//! - [`attempt_log`], [`note`] and [`event_log`]: writing a delivery's log rows (attempts,
+//!   notes, creations; an event's own partition and its tenant's index), and
+//!   [`entry_index`]: the index rows that find them, through [`group_commit`] and
+//!   [`bucket_index`].
+//! - [`delivery`]: a delivery's attempts, the state derived from its log, an event's
+//!   deliveries.
+//! - [`bucket_walk`]: reading an endpoint's or a tenant's minute buckets newest first, for
+//!   [`history`], [`dead_letter`] and [`events_page`] pages.
 //! - [`replay_audit`] and [`replay_claim`]: the replay records.
 //! - [`row`]: pure conversions between Rust values and CQL columns; [`error`]: failures.
 
@@ -33,10 +39,14 @@ mod bucket_walk;
 mod config;
 mod dead_letter;
 mod delivery;
+mod entry_index;
 mod error;
+mod event_log;
+mod events_page;
 mod group_commit;
 mod history;
 pub mod migrate;
+mod note;
 mod replay_audit;
 mod replay_claim;
 mod row;
@@ -54,15 +64,16 @@ use scylla::serialize::row::SerializeRow;
 use scylla::statement::prepared::PreparedStatement;
 use tokio::sync::Semaphore;
 
-use attempt_log::IndexCommits;
 use bucket_index::WrittenBuckets;
 pub use config::{
     ConfigError, CqlPassword, CqlTls, MAX_CQL_TTL, MAX_NODES, MAX_STARTUP_WAIT, Replication,
     ScyllaConfig, valid_keyspace,
 };
 pub use dead_letter::{DeadLetter, DeadLetterQuery};
+use entry_index::IndexCommits;
 pub use error::ScyllaError;
 use error::exec_error;
+use row::BucketKind;
 pub use session::{connect_session, connect_session_with, tls_context};
 use statement::Statements;
 
@@ -92,7 +103,9 @@ pub struct ScyllaStore {
     bucket_index_ttl: i32,
     audit_ttl: i32,
     /// The `endpoint_buckets` rows this process wrote recently.
-    buckets_written: WrittenBuckets,
+    buckets_written: WrittenBuckets<(EndpointId, BucketKind)>,
+    /// The `tenant_event_buckets` rows this process wrote recently.
+    tenant_buckets_written: WrittenBuckets<Tenant>,
 }
 
 impl std::fmt::Debug for ScyllaStore {
@@ -134,24 +147,24 @@ impl DeliveryStore for ScyllaStore {
         self.log_attempt(row).await
     }
 
-    async fn record_note(&self, _note: &DeliveryNote) -> Result<(), StoreError> {
-        Err(StoreError::Backend("not yet".into()))
+    async fn record_note(&self, note: &DeliveryNote) -> Result<(), StoreError> {
+        self.log_note(note).await
     }
 
-    async fn record_event(&self, _event: &EventRow) -> Result<(), StoreError> {
-        Err(StoreError::Backend("not yet".into()))
+    async fn record_event(&self, event: &EventRow) -> Result<(), StoreError> {
+        self.log_event(event).await
     }
 
-    async fn event(&self, _tenant: &Tenant, _id: &EventId) -> Result<Option<EventRow>, StoreError> {
-        Err(StoreError::Backend("not yet".into()))
+    async fn event(&self, tenant: &Tenant, id: &EventId) -> Result<Option<EventRow>, StoreError> {
+        self.read_event(tenant, id).await
     }
 
     async fn events(
         &self,
-        _tenant: &Tenant,
-        _query: &EventQuery,
+        tenant: &Tenant,
+        query: &EventQuery,
     ) -> Result<Page<EventRow>, StoreError> {
-        Err(StoreError::Backend("not yet".into()))
+        self.read_events(tenant, query).await
     }
 
     async fn delivery(&self, id: &DeliveryId) -> Result<Option<DeliveryState>, StoreError> {

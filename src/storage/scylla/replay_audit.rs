@@ -30,6 +30,7 @@ struct ReplayValues<'a> {
     count: i64,
     dry_run: bool,
     tenant: Option<&'a str>,
+    asked_by: Option<&'a str>,
     ttl: i32,
 }
 
@@ -52,6 +53,7 @@ struct ReplayCols {
     count: Option<i64>,
     dry_run: Option<bool>,
     tenant: Option<String>,
+    asked_by: Option<String>,
 }
 
 impl ScyllaStore {
@@ -66,6 +68,7 @@ impl ScyllaStore {
             count: i64::try_from(audit.count).unwrap_or(i64::MAX),
             dry_run: audit.dry_run,
             tenant: audit.tenant.as_ref().map(Tenant::as_str),
+            asked_by: audit.asked_by.as_deref(),
             ttl: self.audit_ttl,
         };
         let by_id = self.write(&self.st.replay.insert_replay, &values);
@@ -124,7 +127,7 @@ impl ScyllaStore {
                 dry_run: r.dry_run.unwrap_or(false),
                 // Written from a checked tenant; rows written before the column existed have none.
                 tenant: r.tenant.and_then(|t| Tenant::parse(t).ok()),
-                asked_by: None,
+                asked_by: r.asked_by,
             });
         }
         Ok(out)

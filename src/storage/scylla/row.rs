@@ -7,7 +7,7 @@ use scylla::value::CqlTimestamp;
 
 use super::super::{AttemptOutcome, StoreError};
 use crate::dead_reason::DeadReason;
-use crate::id::DeliveryId;
+use crate::id::{DeliveryId, EventId};
 
 /// Width of the time buckets that partition an endpoint's history and dead letters: one
 /// minute, so a busy endpoint's partition holds a minute of entries, not a day's. Part
@@ -106,24 +106,72 @@ impl BucketKey {
 
     /// Parses a cursor this store issued; anything else is [`StoreError::BadCursor`].
     pub fn decode(cursor: &str) -> Result<BucketKey, StoreError> {
-        let rest = cursor
-            .strip_prefix(CURSOR_TAG)
-            .ok_or(StoreError::BadCursor)?;
-        let mut parts = rest.splitn(3, '.');
-        let (Some(bucket), Some(at), Some(id)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(StoreError::BadCursor);
-        };
-        let bucket = CqlTimestamp(bucket.parse().map_err(|_| StoreError::BadCursor)?);
-        let at = CqlTimestamp(at.parse().map_err(|_| StoreError::BadCursor)?);
+        let (bucket, at, id) = split_cursor(CURSOR_TAG, cursor)?;
         let delivery_id = DeliveryId::parse(id).map_err(|_| StoreError::BadCursor)?;
-        // A cursor whose bucket does not hold its time was not issued by this store.
-        if bucket_of(at) != bucket {
-            return Err(StoreError::BadCursor);
-        }
         Ok(BucketKey {
             bucket,
             at,
             delivery_id,
+        })
+    }
+}
+
+/// The parts of a cursor `<tag><bucket_ms>.<at_ms>.<id>`, checked: the bucket must be the
+/// one of its time (a cursor this store issued).
+fn split_cursor(tag: char, cursor: &str) -> Result<(CqlTimestamp, CqlTimestamp, &str), StoreError> {
+    let rest = cursor.strip_prefix(tag).ok_or(StoreError::BadCursor)?;
+    let mut parts = rest.splitn(3, '.');
+    let (Some(bucket), Some(at), Some(id)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(StoreError::BadCursor);
+    };
+    let bucket = CqlTimestamp(bucket.parse().map_err(|_| StoreError::BadCursor)?);
+    let at = CqlTimestamp(at.parse().map_err(|_| StoreError::BadCursor)?);
+    if bucket_of(at) != bucket {
+        return Err(StoreError::BadCursor);
+    }
+    Ok((bucket, at, id))
+}
+
+/// A position in a tenant's events: an event's bucket, time of receipt and id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventKey {
+    /// The bucket of `at`.
+    pub bucket: CqlTimestamp,
+    /// When the event was received.
+    pub at: CqlTimestamp,
+    /// The event.
+    pub event_id: EventId,
+}
+
+/// First character of an events cursor, so that a history cursor is refused as one.
+const EVENT_CURSOR_TAG: char = 'e';
+
+impl EventKey {
+    /// The key of an event received at `at`.
+    pub fn new(at: CqlTimestamp, event_id: EventId) -> EventKey {
+        EventKey {
+            bucket: bucket_of(at),
+            at,
+            event_id,
+        }
+    }
+
+    /// The opaque cursor form: `e<bucket_ms>.<at_ms>.<event_id>`.
+    pub fn encode(&self) -> String {
+        format!(
+            "{EVENT_CURSOR_TAG}{}.{}.{}",
+            self.bucket.0, self.at.0, self.event_id
+        )
+    }
+
+    /// Parses a cursor this store issued; anything else is [`StoreError::BadCursor`].
+    pub fn decode(cursor: &str) -> Result<EventKey, StoreError> {
+        let (bucket, at, id) = split_cursor(EVENT_CURSOR_TAG, cursor)?;
+        let event_id = EventId::parse(id).map_err(|_| StoreError::BadCursor)?;
+        Ok(EventKey {
+            bucket,
+            at,
+            event_id,
         })
     }
 }
@@ -262,6 +310,32 @@ mod tests {
         ] {
             assert!(
                 matches!(BucketKey::decode(bad), Err(StoreError::BadCursor)),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn event_cursors_round_trip_and_reject_garbage() {
+        for (at, id) in [(1_800_000_000_123, "evt_1"), (-1, "a.b.c"), (0, "x")] {
+            let key = EventKey::new(CqlTimestamp(at), EventId::parse(id).unwrap());
+            assert_eq!(EventKey::decode(&key.encode()).unwrap(), key);
+        }
+        let key = EventKey::new(
+            CqlTimestamp(1_800_000_000_123),
+            EventId::parse("evt_1").unwrap(),
+        );
+        assert_eq!(key.encode(), "e1800000000000.1800000000123.evt_1");
+        for bad in [
+            "m1800000000000.1800000000123.dlv_1",
+            "e60000.0.evt_1",
+            "e0.0.",
+            "e0.0",
+            "ex.0.evt_1",
+            "",
+        ] {
+            assert!(
+                matches!(EventKey::decode(bad), Err(StoreError::BadCursor)),
                 "{bad}"
             );
         }

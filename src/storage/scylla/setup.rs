@@ -10,8 +10,8 @@ use std::sync::Arc;
 use scylla::client::session::Session;
 use tokio::sync::Semaphore;
 
-use super::attempt_log::IndexCommits;
 use super::bucket_index::{self, WrittenBuckets};
+use super::entry_index::IndexCommits;
 use super::session::connect_session;
 use super::statement::Statements;
 use super::{MAX_CQL_TTL, ScyllaConfig, ScyllaError, ScyllaStore, migrate, startup};
@@ -87,6 +87,7 @@ impl ScyllaStore {
             bucket_index_ttl,
             audit_ttl: config.audit_ttl_secs(),
             buckets_written: WrittenBuckets::default(),
+            tenant_buckets_written: WrittenBuckets::default(),
         })
     }
 

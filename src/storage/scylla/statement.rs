@@ -10,8 +10,10 @@ use super::bucket_walk::BUCKET_LIST_PAGE;
 
 /// The prepared statements, one group per set of tables.
 pub(super) struct Statements {
-    /// A delivery's attempt log and the event index.
+    /// A delivery's log (attempts, creation, notes) and the event index of older versions.
     pub(super) attempt: AttemptStatements,
+    /// Events, and a tenant's events by minute.
+    pub(super) event: EventStatements,
     /// An endpoint's bucketed history and dead letters.
     pub(super) bucket: BucketStatements,
     /// Replay audit rows and the feeds that list them.
@@ -26,6 +28,7 @@ impl Statements {
         let p = Preparer { session, ks };
         Ok(Statements {
             attempt: AttemptStatements::prepare(&p).await?,
+            event: EventStatements::prepare(&p).await?,
             bucket: BucketStatements::prepare(&p).await?,
             replay: ReplayStatements::prepare(&p).await?,
             claim: ClaimStatements::prepare(&p).await?,
@@ -72,13 +75,17 @@ impl Preparer<'_> {
     }
 }
 
-/// Statements on `attempts_by_delivery` and `deliveries_by_event`.
+/// Statements on `attempts_by_delivery`, and the reads of the `deliveries_by_event` rows
+/// written before version 7.
 pub(super) struct AttemptStatements {
     pub(super) insert_attempt: PreparedStatement,
+    /// A creation row (attempt -1, note 'created').
+    pub(super) insert_created: PreparedStatement,
+    /// A note row (attempt 0, note 'parked' or 'dead').
+    pub(super) insert_note: PreparedStatement,
     pub(super) select_attempts: PreparedStatement,
     /// The columns delivery state is derived from.
     pub(super) select_state: PreparedStatement,
-    pub(super) insert_by_event: PreparedStatement,
     pub(super) select_by_event: PreparedStatement,
 }
 
@@ -91,11 +98,30 @@ impl AttemptStatements {
                     "INSERT INTO {ks}.attempts_by_delivery (delivery_id, started_at, attempt, \
                      event_id, endpoint_id, tenant, event_type, status, latency_ms, \
                      error_class, response_body, signing_key_ids, replay_id, outcome, \
-                     next_attempt_at, dead_reason, record_partition, record_offset) VALUES \
+                     next_attempt_at, dead_reason, record_partition, record_offset, \
+                     request_headers) VALUES \
                      (:delivery_id, :started_at, :attempt, :event_id, :endpoint_id, :tenant, \
                      :event_type, :status, :latency_ms, :error_class, :response_body, \
                      :signing_key_ids, :replay_id, :outcome, :next_attempt_at, :dead_reason, \
-                     :record_partition, :record_offset) USING TTL :ttl"
+                     :record_partition, :record_offset, :request_headers) USING TTL :ttl"
+                ))
+                .await?,
+            insert_created: p
+                .plain(format!(
+                    "INSERT INTO {ks}.attempts_by_delivery (delivery_id, started_at, attempt, \
+                     event_id, endpoint_id, tenant, event_type, note) VALUES \
+                     (:delivery_id, :started_at, -1, :event_id, :endpoint_id, :tenant, \
+                     :event_type, 'created') USING TTL :ttl"
+                ))
+                .await?,
+            insert_note: p
+                .plain(format!(
+                    "INSERT INTO {ks}.attempts_by_delivery (delivery_id, started_at, attempt, \
+                     event_id, endpoint_id, tenant, event_type, replay_id, note, park_reason, \
+                     next_attempt_at, dead_reason) VALUES \
+                     (:delivery_id, :started_at, 0, :event_id, :endpoint_id, :tenant, \
+                     :event_type, :replay_id, :note, :park_reason, :next_attempt_at, \
+                     :dead_reason) USING TTL :ttl"
                 ))
                 .await?,
             select_attempts: p
@@ -103,26 +129,99 @@ impl AttemptStatements {
                     "SELECT delivery_id, started_at, attempt, event_id, endpoint_id, tenant, \
                      event_type, status, latency_ms, error_class, response_body, \
                      signing_key_ids, replay_id, outcome, next_attempt_at, dead_reason, \
-                     record_partition, record_offset FROM {ks}.attempts_by_delivery \
-                     WHERE delivery_id = ?"
+                     record_partition, record_offset, request_headers, note \
+                     FROM {ks}.attempts_by_delivery WHERE delivery_id = ?"
                 ))
                 .await?,
             select_state: p
                 .plain(format!(
                     "SELECT delivery_id, started_at, attempt, event_id, endpoint_id, tenant, \
-                     event_type, status, error_class, outcome, next_attempt_at, dead_reason \
-                     FROM {ks}.attempts_by_delivery WHERE delivery_id = ?"
-                ))
-                .await?,
-            insert_by_event: p
-                .plain(format!(
-                    "INSERT INTO {ks}.deliveries_by_event (event_id, delivery_id, endpoint_id) \
-                     VALUES (:event_id, :delivery_id, :endpoint_id) USING TTL :ttl"
+                     event_type, status, error_class, outcome, next_attempt_at, dead_reason, \
+                     note, park_reason FROM {ks}.attempts_by_delivery WHERE delivery_id = ?"
                 ))
                 .await?,
             select_by_event: p
                 .plain(format!(
                     "SELECT delivery_id FROM {ks}.deliveries_by_event WHERE event_id = ?"
+                ))
+                .await?,
+        })
+    }
+}
+
+/// Statements on `events`, `events_by_tenant_bucket` and the `tenant_event_buckets` index that
+/// lists a tenant's non-empty buckets.
+pub(super) struct EventStatements {
+    /// An event's own row (endpoint_id ''), or its row for one endpoint it went to (the
+    /// event's columns unset).
+    pub(super) insert_event: PreparedStatement,
+    /// One tenant's rows of an event.
+    pub(super) select_event: PreparedStatement,
+    /// Every tenant's endpoint rows of an event.
+    pub(super) select_event_endpoints: PreparedStatement,
+    pub(super) insert_tenant_event: PreparedStatement,
+    pub(super) insert_tenant_bucket: PreparedStatement,
+    /// A tenant's buckets in a range, [`BUCKET_LIST_PAGE`] per page.
+    pub(super) select_tenant_buckets: PreparedStatement,
+    pub(super) select_tenant_events: PreparedStatement,
+    pub(super) select_tenant_events_before: PreparedStatement,
+}
+
+impl EventStatements {
+    async fn prepare(p: &Preparer<'_>) -> Result<EventStatements, ScyllaError> {
+        let ks = p.ks;
+        let mut select_tenant_buckets = p
+            .plain(format!(
+                "SELECT bucket FROM {ks}.tenant_event_buckets WHERE tenant = ? \
+                 AND bucket >= ? AND bucket <= ?"
+            ))
+            .await?;
+        select_tenant_buckets.set_page_size(BUCKET_LIST_PAGE);
+        Ok(EventStatements {
+            insert_event: p
+                .plain(format!(
+                    "INSERT INTO {ks}.events (event_id, tenant, endpoint_id, event_type, \
+                     occurred_at, received_at, body, fingerprint) VALUES (:event_id, :tenant, \
+                     :endpoint_id, :event_type, :occurred_at, :received_at, :body, \
+                     :fingerprint) USING TTL :ttl"
+                ))
+                .await?,
+            select_event: p
+                .plain(format!(
+                    "SELECT endpoint_id, event_type, occurred_at, received_at, body, \
+                     fingerprint FROM {ks}.events WHERE event_id = ? AND tenant = ?"
+                ))
+                .await?,
+            select_event_endpoints: p
+                .plain(format!(
+                    "SELECT tenant, endpoint_id FROM {ks}.events WHERE event_id = ?"
+                ))
+                .await?,
+            insert_tenant_event: p
+                .plain(format!(
+                    "INSERT INTO {ks}.events_by_tenant_bucket (tenant, bucket, received_at, \
+                     event_id, event_type) VALUES (:tenant, :bucket, :received_at, :event_id, \
+                     :event_type) USING TTL :ttl"
+                ))
+                .await?,
+            insert_tenant_bucket: p
+                .plain(format!(
+                    "INSERT INTO {ks}.tenant_event_buckets (tenant, bucket) VALUES (?, ?) \
+                     USING TTL ?"
+                ))
+                .await?,
+            select_tenant_buckets,
+            select_tenant_events: p
+                .plain(format!(
+                    "SELECT received_at, event_id, event_type FROM \
+                     {ks}.events_by_tenant_bucket WHERE tenant = ? AND bucket = ?"
+                ))
+                .await?,
+            select_tenant_events_before: p
+                .plain(format!(
+                    "SELECT received_at, event_id, event_type FROM \
+                     {ks}.events_by_tenant_bucket WHERE tenant = ? AND bucket = ? \
+                     AND (received_at, event_id) < (?, ?)"
                 ))
                 .await?,
         })
@@ -220,21 +319,22 @@ impl ReplayStatements {
             insert_replay: p
                 .plain(format!(
                     "INSERT INTO {ks}.replay_audit (replay_id, actor, reason, at, scope, count, \
-                     dry_run, tenant) VALUES (:replay_id, :actor, :reason, :at, :scope, \
-                     :count, :dry_run, :tenant) USING TTL :ttl"
+                     dry_run, tenant, asked_by) VALUES (:replay_id, :actor, :reason, :at, \
+                     :scope, :count, :dry_run, :tenant, :asked_by) USING TTL :ttl"
                 ))
                 .await?,
             insert_recent_replay: p
                 .plain(format!(
                     "INSERT INTO {ks}.recent_replays (feed, at, replay_id, actor, reason, \
-                     scope, count, dry_run, tenant) VALUES (:feed, :at, :replay_id, :actor, \
-                     :reason, :scope, :count, :dry_run, :tenant) USING TTL :ttl"
+                     scope, count, dry_run, tenant, asked_by) VALUES (:feed, :at, :replay_id, \
+                     :actor, :reason, :scope, :count, :dry_run, :tenant, :asked_by) \
+                     USING TTL :ttl"
                 ))
                 .await?,
             select_recent_replays: p
                 .plain(format!(
-                    "SELECT replay_id, actor, reason, at, scope, count, dry_run, tenant \
-                     FROM {ks}.recent_replays WHERE feed = ? LIMIT ?"
+                    "SELECT replay_id, actor, reason, at, scope, count, dry_run, tenant, \
+                     asked_by FROM {ks}.recent_replays WHERE feed = ? LIMIT ?"
                 ))
                 .await?,
         })
