@@ -3,7 +3,8 @@
 //! (a repeat, dropped; or a different event reusing its id, for the invalid topic), producing its
 //! delivery records, and recording it in the store once the broker has them all. Only then does
 //! its input offset settle, so a crash at any point reads the event again, and a repeat read
-//! after its record in the store is dropped rather than sent twice.
+//! after its record in the store is dropped rather than sent twice. A store that does not
+//! answer the lookup does not stop delivery: the event is fanned out as new.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -126,8 +127,8 @@ pub(super) async fn settle(
 
 impl Shared {
     /// Looks the event up in the store and drops it, forwards it to the invalid topic, or
-    /// fans it out and records it; whether its input record may settle. The store is asked
-    /// again until it answers or the drain deadline passes.
+    /// fans it out and records it; whether its input record may settle. The record is asked of
+    /// the store again until it takes it or the drain deadline passes.
     async fn event(&self, taken: Taken) -> bool {
         let Taken {
             row,
@@ -135,12 +136,15 @@ impl Shared {
             original,
         } = taken;
         let store = &self.store;
-        let Some(stored) = until_stored("event lookup", &self.stop, || {
-            store.event(&row.tenant, &row.event_id)
-        })
-        .await
-        else {
-            return false;
+        // A store that does not answer does not hold up delivery: the event is fanned out as
+        // new (a repeat among them is sent again, with the same `webhook-id`), and its offset
+        // waits for its row below, as attempts wait for theirs.
+        let stored = match store.event(&row.tenant, &row.event_id).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                telemetry::store_error("event lookup", e.kind(), &e);
+                None
+            }
         };
         match known(stored.as_ref(), &row, self.dedupe_window) {
             Known::Repeat => {

@@ -62,13 +62,14 @@ pub fn cql_tls_reread(file: CqlTlsFile, used: bool) {
 static STORE_ERROR_LOG: RepeatLog = RepeatLog::new();
 
 /// A store call the pipeline makes before settling a record failed (`what`: `attempt`,
-/// `note`, `event`, `event lookup`); the record stays unsettled and the call is tried again.
+/// `note`, `event`, `event lookup`); the record stays unsettled and the write is tried again
+/// (a lookup is not: the fan-out goes on without its answer).
 /// Counted every time; logged as [`RepeatLog`] allows, per call and `kind` of error
 /// (unreachable, or anything else).
 pub fn store_error(what: &'static str, kind: &'static str, error: &dyn std::fmt::Display) {
     counter!(name::STORE_ERRORS).increment(1);
     if let Some(held_back) = STORE_ERROR_LOG.admit(&format!("{what}:{kind}"), Instant::now()) {
-        tracing::warn!(call = what, error = %error, held_back, "store call failed; retrying");
+        tracing::warn!(call = what, error = %error, held_back, "store call failed");
     }
 }
 
