@@ -222,18 +222,27 @@ fn sent(receivers: &[&Receiver], id: &str) -> Vec<usize> {
 }
 
 /// Waits until every receiver got event `id`, then for [`SETTLE`], and checks each got it once.
-async fn delivered_once(receivers: &[&Receiver], id: &str, when: &str) {
+/// A failure shows the logs of `instances`.
+async fn delivered_once(receivers: &[&Receiver], id: &str, when: &str, instances: [&Instance; 2]) {
     let deadline = Instant::now() + WAIT;
     while sent(receivers, id).contains(&0) {
         assert!(
             Instant::now() < deadline,
-            "{when}: not delivered everywhere within {WAIT:?}: {:?}",
-            sent(receivers, id)
+            "{when}: not delivered everywhere within {WAIT:?}: {:?}; logs:\n{}\n{}",
+            sent(receivers, id),
+            instances[0].log(),
+            instances[1].log()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(SETTLE).await;
-    assert_eq!(sent(receivers, id), vec![1; receivers.len()], "{when}");
+    assert_eq!(
+        sent(receivers, id),
+        vec![1; receivers.len()],
+        "{when}; logs:\n{}\n{}",
+        instances[0].log(),
+        instances[1].log()
+    );
 }
 
 /// The reason headers of the records in the invalid topic `topic` whose key is `key`, reading
@@ -297,13 +306,23 @@ async fn one_event_id_is_delivered_once_through_two_processes_and_a_restart() {
                 Receiver::fixed(Reply::status(204)).await,
             ];
             for r in &receivers {
-                create_endpoint(
+                let created = create_endpoint(
                     &one.http,
                     &one.base,
                     TOKEN,
                     json!({"tenant": tenant, "url": r.url("/hook"), "event_types": ["*"]}),
                 )
                 .await;
+                // Either process may fan the event out: both know the endpoint first.
+                let path = format!("/v1/endpoints/{}", created["id"].as_str().unwrap());
+                let deadline = Instant::now() + WAIT;
+                while two.get(&path).await.0 != StatusCode::OK {
+                    assert!(
+                        Instant::now() < deadline,
+                        "{path} unknown to the second process"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
             let all: Vec<&Receiver> = receivers.iter().collect();
             let id = unique("evt");
@@ -312,7 +331,7 @@ async fn one_event_id_is_delivered_once_through_two_processes_and_a_restart() {
             // The first copy, and the event recorded with both its deliveries.
             let first = one.post(&tenant, &id, &payload).await;
             assert_eq!(first.0, StatusCode::ACCEPTED, "{first:?}");
-            delivered_once(&all, &id, "the first copy").await;
+            delivered_once(&all, &id, "the first copy", [&one, &two]).await;
             let deadline = Instant::now() + WAIT;
             loop {
                 let (status, list) = two.get(&format!("/v1/events/{id}/deliveries")).await;
@@ -338,6 +357,7 @@ async fn one_event_id_is_delivered_once_through_two_processes_and_a_restart() {
                 &all,
                 &id,
                 "repeats through two processes and every partition",
+                [&one, &two],
             )
             .await;
 
@@ -366,7 +386,7 @@ async fn one_event_id_is_delivered_once_through_two_processes_and_a_restart() {
                 );
             }
             produce_everywhere(&producer, &events_topic, &tenant, &id, &payload).await;
-            delivered_once(&all, &id, "repeats after a restart").await;
+            delivered_once(&all, &id, "repeats after a restart", [&one, &two]).await;
 
             let counted: BTreeMap<String, usize> = receivers
                 .iter()
