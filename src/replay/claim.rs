@@ -77,11 +77,14 @@ async fn in_flight(
     }
     let (attempts, state) = tokio::try_join!(store.attempts(id), store.delivery(id))?;
     // Settled by an attempt carrying its id, or by the delivery stage dead-lettering the
-    // replayed record unsent (endpoint gone or disabled: a dead note, no attempt) since.
+    // replayed record unsent (endpoint gone or disabled) since: the delivery is dead, and its
+    // latest entry is a dead note (later than every attempt) written after the replay.
     let noted_dead_since = |replay: &ReplayMark| {
-        state
-            .as_ref()
-            .is_some_and(|s| s.status == DeliveryStatus::Dead && s.updated_at > replay.at)
+        state.as_ref().is_some_and(|s| {
+            s.status == DeliveryStatus::Dead
+                && s.updated_at > replay.at
+                && attempts.iter().all(|a| a.started_at < s.updated_at)
+        })
     };
     let carried = |replay: &ReplayMark| {
         noted_dead_since(replay)
