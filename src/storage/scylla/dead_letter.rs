@@ -27,7 +27,8 @@ pub struct DeadLetterQuery {
 /// One dead letter, as listed by [`ScyllaStore::dead_letters`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadLetter {
-    /// When the delivery was dead-lettered (its last attempt's start).
+    /// When the delivery was dead-lettered (its last attempt's start, or the time of the note
+    /// that dead-lettered it unsent).
     pub dead_at: SystemTime,
     /// The delivery.
     pub delivery_id: DeliveryId,
@@ -37,7 +38,7 @@ pub struct DeadLetter {
     pub tenant: Tenant,
     /// The event's type.
     pub event_type: String,
-    /// The attempt that dead-lettered it.
+    /// The attempt that dead-lettered it; 0 when it was dead-lettered without one.
     pub attempt: u32,
     /// Why.
     pub reason: DeadReason,
