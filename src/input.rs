@@ -198,6 +198,9 @@ pub enum InvalidReason {
     BadOccurredAt,
     /// The payload exceeds the configured limit.
     PayloadTooLarge,
+    /// The event reuses the id of a different event (another type or payload) of its tenant
+    /// fanned out within `ingest.dedupe_window`.
+    ReusedId,
 }
 
 impl InvalidReason {
@@ -228,7 +231,8 @@ impl InvalidReason {
             | InvalidReason::BadEventType
             | InvalidReason::BadTenant
             | InvalidReason::BadOccurredAt
-            | InvalidReason::PayloadTooLarge => None,
+            | InvalidReason::PayloadTooLarge
+            | InvalidReason::ReusedId => None,
         }
     }
 
@@ -266,7 +270,7 @@ pub struct InvalidInput {
 impl InvalidInput {
     /// The detail is cut to [`MAX_DETAIL`] bytes: it may quote a field name of any length, and
     /// it goes to a header and the log.
-    fn new(reason: InvalidReason, detail: impl Into<String>) -> InvalidInput {
+    pub fn new(reason: InvalidReason, detail: impl Into<String>) -> InvalidInput {
         InvalidInput {
             reason,
             detail: cut(&detail.into(), MAX_DETAIL),
@@ -692,6 +696,7 @@ mod tests {
                 "bad_tenant",
                 "bad_occurred_at",
                 "payload_too_large",
+                "reused_id",
             ]
         );
         assert_eq!(

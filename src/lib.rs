@@ -46,7 +46,8 @@
 //! - [`lane`]: per-endpoint admission (AIMD concurrency, rate limit) and breakers per partition.
 //!
 //! Stages: the Kafka consumers that move a delivery along.
-//! - [`fanout`]: input records to one delivery record per subscribed endpoint.
+//! - [`fanout`]: input records to one delivery record per subscribed endpoint; repeats dropped,
+//!   each event recorded in the store.
 //! - [`deliver`]: sign, send, classify, log, settle; parking and dead letters.
 //! - [`delay_tier`]: holding retry records until due, then forwarding them.
 //! - [`replay`]: republishing dead letters with a fresh window and an audit entry.

@@ -181,6 +181,16 @@ impl fmt::Debug for Target {
     }
 }
 
+/// Adds the headers every request carries besides its own: `content-type: application/json`
+/// when it has none, and `user-agent` ([`USER_AGENT`]). The sender adds them itself; a caller
+/// that logs a request's headers adds them first, so that the log shows them as sent.
+pub fn standard_headers(headers: &mut HeaderMap) {
+    headers
+        .entry(CONTENT_TYPE)
+        .or_insert(HeaderValue::from_static("application/json"));
+    headers.insert(UA, HeaderValue::from_static(USER_AGENT));
+}
+
 /// One request to deliver. The caller has already signed it; the sender sends it as it is.
 #[derive(Debug, Clone)]
 pub struct OutboundRequest {
@@ -294,10 +304,7 @@ impl Sender {
                 detail: refusal.to_string(),
             };
         }
-        headers
-            .entry(CONTENT_TYPE)
-            .or_insert(HeaderValue::from_static("application/json"));
-        headers.insert(UA, HeaderValue::from_static(USER_AGENT));
+        standard_headers(&mut headers);
         if let Some(authorization) = target.authorization {
             headers.insert(AUTHORIZATION, authorization);
         }

@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, ConfigError, KafkaConfig, StoreKind};
 use crate::delay_tier::{self, DelayTopics, Tiers};
 use crate::deliver::{self, DeliverDeps};
-use crate::fanout::{self, FanoutTopics};
+use crate::fanout::{self, FanoutDeps, FanoutTopics};
 use crate::input::InputConfig;
 use crate::kafka::{self, KafkaError, TopicSpec, producer_config, stage_consumer_config};
 use crate::lane::LanesConfig;
@@ -293,11 +293,15 @@ pub async fn start(
             fanout::run(
                 consumer,
                 producer(config)?,
-                view.clone(),
-                input,
-                topics,
+                FanoutDeps {
+                    view: view.clone(),
+                    input,
+                    topics,
+                    store: store.clone(),
+                    dedupe_window: config.ingest.dedupe_window,
+                    max_held_bytes: fanout::MAX_HELD_BYTES,
+                },
                 shutdown.clone(),
-                fanout::MAX_HELD_BYTES,
             ),
         );
     }

@@ -1,6 +1,7 @@
 //! Plumbing every Kafka stage shares: learning about rebalances, tracking which records are
 //! settled per partition, storing only settled offsets, pausing partitions whose window is full,
-//! and producing a record until the broker acknowledges it.
+//! producing a record until the broker acknowledges it, and writing to the store until it takes
+//! the write.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -700,6 +701,35 @@ pub async fn produce_unless_refused(
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
                     () = shutdown.cancelled() => return Produced::Stopped,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Makes the store call `call` (named `what` in the log: `attempt`, `note`, `event`, `event
+/// lookup`) until the store answers `Ok`, backing off between tries, or `shutdown` fires (then
+/// `None`: the caller must not settle). Every failure is counted and logged, as
+/// [`telemetry::store_error`] allows.
+pub async fn until_stored<T, F, Fut>(
+    what: &'static str,
+    shutdown: &CancellationToken,
+    mut call: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, crate::storage::StoreError>>,
+{
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match call().await {
+            Ok(answer) => return Some(answer),
+            Err(e) => {
+                telemetry::store_error(what, e.kind(), &e);
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = shutdown.cancelled() => return None,
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }

@@ -1,8 +1,12 @@
-//! One attempt of a delivery and its settling, in named steps: the request is sent (or refused
-//! unsent), the retry policy decides, and the [`Settling`] attempt is logged and given its
-//! follow-up record, which the [`AttemptReport`] carries back to the task that produces it.
+//! One attempt of a delivery and its settling, in named steps: the request is sent, the retry
+//! policy decides, and the [`Settling`] attempt is logged and given its follow-up record, which
+//! the [`AttemptReport`] carries back to the task that produces it. A delivery that cannot be
+//! sent at all (endpoint gone or disabled, no signing secret, window spent while held back) is
+//! no attempt: a dead note is written for it instead, with its dead letter as follow-up.
 
 use std::time::{Duration, Instant, SystemTime};
+
+use http::HeaderMap;
 
 use tokio_util::sync::CancellationToken;
 
@@ -15,8 +19,8 @@ use crate::endpoint::Endpoint;
 use crate::id::{DeliveryId, EndpointId};
 use crate::record::{DeadInfo, DeliveryRecord, UnixMillis};
 use crate::retry_policy::{Decision, classify};
-use crate::stage::{Outgoing, outgoing, produce_until_acked};
-use crate::storage::{AttemptOutcome, AttemptRow, RecordPosition};
+use crate::stage::{Outgoing, outgoing, produce_until_acked, until_stored};
+use crate::storage::{AttemptOutcome, AttemptRow, DeliveryNote, NoteKind, RecordPosition};
 use crate::telemetry;
 
 /// What follows one attempt, once it is logged.
@@ -73,16 +77,39 @@ impl FollowUp {
     }
 }
 
-/// An attempt that sent nothing, for `class` (`invalid_url`, or `not_sent` with `detail` saying
-/// why).
-fn refused(class: ErrorClass, detail: &str) -> Attempt {
+/// An attempt that sent nothing: its endpoint's URL is unusable (`detail` says why).
+fn unusable_url(detail: &str) -> Attempt {
     Attempt {
         result: AttemptResult::Failed {
-            class,
+            class: ErrorClass::InvalidUrl,
             detail: detail.to_owned(),
         },
         latency: Duration::ZERO,
     }
+}
+
+/// `headers` as the attempt log keeps them: (name, value) in the order they are sent, a value
+/// that is not text read leniently. Sensitive values (none is set on a signed request) are
+/// left out.
+fn header_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(_, value)| !value.is_sensitive())
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// What the dead letter of a delivery says of its last attempt, if it had one.
+struct LastAttempt {
+    status: Option<u16>,
+    error: Option<ErrorClass>,
+    at: SystemTime,
+    key_ids: Vec<String>,
 }
 
 impl DeliverDeps {
@@ -107,21 +134,19 @@ impl DeliverDeps {
     ) -> Option<AttemptReport> {
         let started = SystemTime::now();
         let attempt_no = record.attempts.saturating_add(1);
-        let (attempt, key_ids, no_key) = match prepare(record, plan, attempt_no, started) {
+        let (attempt, key_ids, request_headers) = match prepare(record, plan, attempt_no, started) {
             Ok(Signed { request, key_ids }) => {
+                let headers = header_pairs(&request.headers);
                 telemetry::in_flight(1);
                 let a = self.sender.send(request).await;
                 telemetry::in_flight(-1);
-                (a, key_ids, false)
+                (a, key_ids, headers)
             }
-            Err(Unsendable::NoKey) => (
-                refused(ErrorClass::NotSent, "endpoint has no active signing secret"),
-                vec![],
-                true,
-            ),
-            Err(Unsendable::BadUrl(detail)) => {
-                (refused(ErrorClass::InvalidUrl, &detail), vec![], false)
+            Err(Unsendable::NoKey) => {
+                answered(None);
+                return self.refuse(record, DeadReason::NoSigningKey, stop).await;
             }
+            Err(Unsendable::BadUrl(detail)) => (unusable_url(&detail), vec![], vec![]),
         };
         let finished = SystemTime::now();
         answered(breaker::Outcome::of(&attempt.result));
@@ -139,16 +164,10 @@ impl DeliverDeps {
             .first_attempt_at
             .map_or(started, UnixMillis::to_system_time);
         let elapsed = finished.duration_since(first).unwrap_or_default();
-        let decision = if no_key {
-            Decision::DeadLetter {
-                reason: DeadReason::NoSigningKey,
-                disable_endpoint: false,
-            }
-        } else {
-            let verdict = classify(&attempt.result, finished);
-            self.policy
-                .decide(verdict, attempt_no, elapsed, &mut rand::rng())
-        };
+        let verdict = classify(&attempt.result, finished);
+        let decision = self
+            .policy
+            .decide(verdict, attempt_no, elapsed, &mut rand::rng());
         let settling = Settling {
             record,
             read_at,
@@ -156,35 +175,65 @@ impl DeliverDeps {
             attempt_no,
             started,
             key_ids,
+            request_headers,
             decision,
         };
         self.settle(settling, stop).await
     }
 
-    /// Logs a delivery that cannot be attempted (endpoint deleted or disabled) and builds its DLQ
-    /// record. Nothing is sent.
+    /// Dead-letters `record` for `reason` without sending it (endpoint deleted or disabled, no
+    /// signing secret, window spent while held back): writes its dead note durably (retrying
+    /// the store until it answers or `stop` fires: `None`) and builds its DLQ record. No
+    /// attempt is logged: the delivery shows as dead with the attempts it had.
     pub(super) async fn refuse(
         &self,
-        record: DeliveryRecord,
-        read_at: Option<RecordPosition>,
+        record: &DeliveryRecord,
         reason: DeadReason,
         stop: &CancellationToken,
     ) -> Option<AttemptReport> {
         let now = SystemTime::now();
-        let attempt_no = record.attempts.saturating_add(1);
-        let settling = Settling {
-            record: &record,
-            read_at,
-            attempt: refused(ErrorClass::NotSent, reason.as_str()),
-            attempt_no,
-            started: now,
+        let note = note_for(record, now, NoteKind::Dead { reason });
+        if !self.note(&note, stop).await {
+            return None;
+        }
+        let last = LastAttempt {
+            status: None,
+            error: Some(ErrorClass::NotSent),
+            at: now,
             key_ids: vec![],
-            decision: Decision::DeadLetter {
-                reason,
-                disable_endpoint: false,
-            },
         };
-        self.settle(settling, stop).await
+        Some(AttemptReport {
+            follow_up: Some(self.dead_letter(record, record.attempts, reason, last)),
+            disable_endpoint: false,
+        })
+    }
+
+    /// The dead letter of `record` for `reason`, after `attempts` attempts, the last as `last`
+    /// says.
+    fn dead_letter(
+        &self,
+        record: &DeliveryRecord,
+        attempts: u32,
+        reason: DeadReason,
+        last: LastAttempt,
+    ) -> FollowUp {
+        let mut dead = record.clone().with_first_attempt_at(last.at);
+        dead.attempts = attempts;
+        let dead = dead.for_dlq(DeadInfo {
+            reason,
+            last_status: last.status,
+            last_error: last.error,
+            last_attempt_at: last.at.into(),
+            signing_key_ids: last.key_ids,
+        });
+        FollowUp {
+            out: outgoing(self.dlq_topic.clone(), &dead),
+            landed: Landed::Dead {
+                delivery_id: record.delivery_id.clone(),
+                endpoint_id: record.endpoint_id.clone(),
+                reason,
+            },
+        }
     }
 
     /// Logs `settling`'s attempt durably (retrying the store until it answers or `stop` fires:
@@ -253,26 +302,15 @@ impl DeliverDeps {
                 reason,
                 disable_endpoint,
             } => {
-                let mut dead = record.clone().with_first_attempt_at(started);
-                dead.attempts = attempt_no;
-                let dead = dead.for_dlq(DeadInfo {
-                    reason,
-                    last_status: attempt.result.status(),
-                    last_error: attempt.result.error_class(),
-                    last_attempt_at: started.into(),
-                    signing_key_ids: key_ids.clone(),
-                });
-                let follow_up = FollowUp {
-                    out: outgoing(self.dlq_topic.clone(), &dead),
-                    landed: Landed::Dead {
-                        delivery_id: record.delivery_id.clone(),
-                        endpoint_id: record.endpoint_id.clone(),
-                        reason,
-                    },
+                let last = LastAttempt {
+                    status: attempt.result.status(),
+                    error: attempt.result.error_class(),
+                    at: started,
+                    key_ids: key_ids.clone(),
                 };
                 Consequence {
                     outcome: AttemptOutcome::Dead { reason },
-                    follow_up: Some(follow_up),
+                    follow_up: Some(self.dead_letter(record, attempt_no, reason, last)),
                     disable_endpoint,
                 }
             }
@@ -282,25 +320,38 @@ impl DeliverDeps {
     /// Writes `row` to the attempt log, trying again with backoff until the store takes it
     /// (`true`) or `stop` fires (`false`).
     async fn log(&self, row: &AttemptRow, stop: &CancellationToken) -> bool {
-        let mut backoff = Duration::from_millis(50);
         let logging = Instant::now();
-        loop {
-            match self.store.record_attempt(row).await {
-                Ok(()) => {
-                    telemetry::store_written(logging.elapsed());
-                    break;
-                }
-                Err(e) => {
-                    telemetry::store_error(e.kind(), &e);
-                    tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
-                        () = stop.cancelled() => return false,
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
+        let store = &self.store;
+        let logged = until_stored("attempt", stop, || store.record_attempt(row))
+            .await
+            .is_some();
+        if logged {
+            telemetry::store_written(logging.elapsed());
         }
-        true
+        logged
+    }
+
+    /// Writes `note` to the store, trying again with backoff until the store takes it (`true`)
+    /// or `stop` fires (`false`).
+    pub(super) async fn note(&self, note: &DeliveryNote, stop: &CancellationToken) -> bool {
+        let store = &self.store;
+        until_stored("note", stop, || store.record_note(note))
+            .await
+            .is_some()
+    }
+}
+
+/// The note of what happened to `record` at `at` without an attempt.
+pub(super) fn note_for(record: &DeliveryRecord, at: SystemTime, kind: NoteKind) -> DeliveryNote {
+    DeliveryNote {
+        delivery_id: record.delivery_id.clone(),
+        event_id: record.event_id.clone(),
+        endpoint_id: record.endpoint_id.clone(),
+        tenant: record.tenant.clone(),
+        event_type: record.event_type.to_string(),
+        at,
+        kind,
+        replay_id: record.replay_id.clone(),
     }
 }
 
@@ -319,6 +370,8 @@ struct Settling<'a> {
     started: SystemTime,
     /// The ids of the keys that signed its request.
     key_ids: Vec<String>,
+    /// Its request's headers as sent (empty when nothing was sent).
+    request_headers: Vec<(String, String)>,
     /// What follows it.
     decision: Decision,
 }
@@ -333,6 +386,7 @@ impl Settling<'_> {
             attempt_no,
             started,
             key_ids,
+            request_headers,
             ..
         } = self;
         let body = match &attempt.result {
@@ -355,7 +409,7 @@ impl Settling<'_> {
             replay_id: record.replay_id.clone(),
             outcome,
             record: read_at,
-            request_headers: vec![],
+            request_headers,
         }
     }
 }

@@ -14,12 +14,15 @@
 //!
 //! Settled means: the attempt row is durable in the store AND the follow-up record (a retry in a
 //! delay tier, or the DLQ record) is acknowledged by the broker; or a parked copy is
-//! acknowledged. Nothing else moves the offset.
+//! acknowledged AND its note (scheduled, why, until when) is durable; or, for a delivery that
+//! cannot be sent at all, its dead note is durable AND its DLQ record acknowledged. Nothing else
+//! moves the offset.
 //!
 //! Where each part lives:
 //! - `stage`: the stage loop: taking records, queueing them per endpoint, dispatching them
 //!   to their lanes, applying what the tasks report.
-//! - `attempt`: one attempt and its settling: send, classify, log, build the follow-up.
+//! - `attempt`: one attempt and its settling: send, classify, log, build the follow-up; and
+//!   the dead note of a delivery that cannot be sent.
 //! - `request`: the signed request, and the send plan an endpoint's attempts share.
 //! - `task`: the tasks the stage spawns, the lane slot each holds, and how a panic in one is
 //!   contained.

@@ -1,13 +1,17 @@
 //! Parking: a record the stage will not attempt now goes to the delay tier that brings it back
-//! when it is due, and settles once the broker has it. A parked copy spends no retry budget.
+//! when it is due, and settles once the broker has it and the store has a note of it (the
+//! delivery shows as scheduled, with the reason and the time it is due). A parked copy spends
+//! no retry budget.
 
 use std::time::SystemTime;
 
+use super::attempt::note_for;
 use super::stage::Stage;
 use crate::dead_reason::DeadReason;
 use crate::id::EndpointId;
 use crate::record::{DeliveryRecord, UnixMillis};
-use crate::stage::{Tp, outgoing};
+use crate::stage::{Tp, outgoing, produce_until_acked};
+use crate::storage::NoteKind;
 use crate::telemetry::{self, ParkReason};
 
 impl Stage {
@@ -23,7 +27,8 @@ impl Stage {
         self.park(tp, offset, record, due, reason);
     }
 
-    /// Parks `record` in the tier matching `due`; settles it once the broker has it.
+    /// Parks `record` in the tier matching `due`; settles it once the broker has it and its
+    /// note is durable.
     ///
     /// A record never attempted and held back because its endpoint is failing (breaker open, or
     /// stalled) starts its window then, as a first attempt would, and is dead-lettered
@@ -63,10 +68,26 @@ impl Stage {
             record
         };
         telemetry::parked(reason);
-        let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
+        let now = SystemTime::now();
+        let note = note_for(
+            &record,
+            now,
+            NoteKind::Parked {
+                reason,
+                next_attempt_at: due,
+            },
+        );
+        let wait = due.duration_since(now).unwrap_or_default();
         let tier = self.deps.tiers.for_delay(wait);
         let out = outgoing(tier.topic.clone(), &record.for_park(due));
-        self.produce_then_settle(tp, offset, out);
+        let (deps, producer, stop) = (self.deps.clone(), self.producer.clone(), self.stop.clone());
+        self.spawn_settling(tp, offset, async move {
+            let (parked, noted) = tokio::join!(
+                produce_until_acked(&producer, out, &stop),
+                deps.note(&note, &stop)
+            );
+            parked && noted
+        });
     }
 
     /// When `id` is stalled (its lane full and silent for `stall_after`), parks its whole queue

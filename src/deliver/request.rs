@@ -11,7 +11,7 @@ use super::{ATTEMPT_HEADER, REPLAY_HEADER};
 use crate::endpoint::{Endpoint, SecretKind};
 use crate::id::EndpointId;
 use crate::record::DeliveryRecord;
-use crate::sender::{OutboundRequest, Target};
+use crate::sender::{OutboundRequest, Target, standard_headers};
 use crate::signing::{Ed25519SigningKey, Signer, SignerKey, SigningKey, SigningSecret};
 
 /// The signing keys of `endpoint`'s secrets active at `now`; a secret whose material is not a
@@ -125,6 +125,8 @@ pub(super) fn prepare(
     {
         headers.insert(HeaderName::from_static(REPLAY_HEADER), replay);
     }
+    // Added here rather than by the sender, so the attempt log shows the headers as sent.
+    standard_headers(&mut headers);
     Ok(Signed {
         request: OutboundRequest {
             target,

@@ -148,9 +148,8 @@ impl Stage {
         let deps = self.deps.clone();
         let producer = self.producer.clone();
         let stop = self.stop.clone();
-        let read_at = record_position(&tp, offset);
         self.spawn_settling(tp, offset, async move {
-            match deps.refuse(record, Some(read_at), reason, &stop).await {
+            match deps.refuse(&record, reason, &stop).await {
                 Some(AttemptReport {
                     follow_up: Some(f), ..
                 }) => f.produce(&producer, &stop).await,
@@ -170,7 +169,7 @@ impl Stage {
     /// exits with status 70 and the next process reads the record again. These tasks sign and
     /// send nothing; only a store or producer that panics on one record every time would make
     /// that a restart loop.
-    fn spawn_settling(
+    pub(super) fn spawn_settling(
         &self,
         tp: Tp,
         offset: i64,

@@ -1,7 +1,7 @@
 //! The delivery stage's tests: its parts on their own, and the stage on an embedded cluster.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use tokio::sync::{Semaphore, oneshot};
@@ -28,7 +28,7 @@ use crate::endpoint::{CreateEndpoint, Endpoint};
 use crate::event_type::EventType;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
 use crate::lane::{LaneConfig, Lanes, LanesConfig, Refusal};
-use crate::record::{DeliveryRecord, UnixMillis};
+use crate::record::{DeliveryRecord, UnixMillis, header};
 use crate::registry::EndpointStore;
 use crate::registry::MemoryEndpointStore;
 use crate::retry_policy::RetryPolicy;
@@ -38,17 +38,23 @@ use crate::stage::Written;
 use crate::stage::{Outgoing, StageConsumer, Tp, outgoing, produce_until_acked};
 use crate::storage::hooked::{Hooked, Hooks};
 use crate::storage::memory::MemoryStore;
-use crate::storage::{AttemptRow, DeliveryStore};
+use crate::storage::{
+    AttemptRow, DeliveryNote, DeliveryStatus, DeliveryStore, ScheduleReason, StoreError,
+};
 
-/// What goes wrong in a [`FaultyStore`]'s `record_attempt`.
+/// What goes wrong in a [`FaultyStore`]'s `record_attempt` or `record_note`.
 enum Fault {
-    /// Each write waits for a permit of the semaphore.
+    /// Each attempt's write waits for a permit of the semaphore.
     Gate(Semaphore),
-    /// The write of a row of this event panics (a bug in the store).
+    /// The write of an attempt row of this event panics (a bug in the store).
     Panic(EventId),
+    /// The write of a note of this event panics.
+    PanicOnNote(EventId),
+    /// Notes are refused while this is set.
+    RefuseNotes(AtomicBool),
 }
 
-/// A memory store whose `record_attempt` suffers a [`Fault`].
+/// A memory store whose `record_attempt` or `record_note` suffers a [`Fault`].
 type FaultyStore = Hooked<Fault>;
 
 #[async_trait]
@@ -59,7 +65,19 @@ impl Hooks for Fault {
             Fault::Panic(id) if *id == row.event_id => {
                 panic!("injected: the store broke on {id}")
             }
-            Fault::Panic(_) => {}
+            _ => {}
+        }
+    }
+
+    async fn before_record_note(&self, note: &DeliveryNote) -> Result<(), StoreError> {
+        match self {
+            Fault::PanicOnNote(id) if *id == note.event_id => {
+                panic!("injected: the store broke on a note of {id}")
+            }
+            Fault::RefuseNotes(refusing) if refusing.load(Ordering::SeqCst) => {
+                Err(StoreError::Unavailable("injected: notes refused".into()))
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -726,7 +744,7 @@ async fn a_panicking_attempt_parks_its_record_and_the_partition_commits_past_it(
     rig.stage.await.unwrap();
 }
 
-/// The store panics on the row of a record whose endpoint is gone, while it is being
+/// The store panics on the dead note of a record whose endpoint is gone, while it is being
 /// dead-lettered: the record has nowhere safer to go than its uncommitted offset, so the
 /// stage stops on its own (its supervisor then stops hookline, which exits 70) and commits
 /// nothing past it.
@@ -734,7 +752,7 @@ async fn a_panicking_attempt_parks_its_record_and_the_partition_commits_past_it(
 async fn a_panicking_dead_letter_stops_the_stage_with_its_offset_unsettled() {
     let gone = EndpointId::parse("ep_gone").unwrap();
     let record = delivery_for(&gone, "evt_1");
-    let store = faulty_store(Fault::Panic(record.event_id.clone()));
+    let store = faulty_store(Fault::PanicOnNote(record.event_id.clone()));
     let (_, deps) = one_at_a_time("http://127.0.0.1:9/".into(), store).await;
     let mut rig = Rig::start(deps, &[record]).await;
 
@@ -748,4 +766,198 @@ async fn a_panicking_dead_letter_stops_the_stage_with_its_offset_unsettled() {
         matches!(committed, None | Some(0)),
         "committed {committed:?}, past the record"
     );
+}
+
+/// The headers of a record produced as `out`, by name.
+fn headers_of(out: &Outgoing) -> std::collections::BTreeMap<String, String> {
+    use rdkafka::message::Headers;
+    out.headers
+        .iter()
+        .map(|h| {
+            let value = String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned();
+            (h.key.to_owned(), value)
+        })
+        .collect()
+}
+
+/// A delivery whose endpoint is gone is no attempt: the store notes it dead, with its reason
+/// and no attempt row, and its dead letter (nothing sent, `not_sent`) follows.
+#[tokio::test]
+async fn a_refused_delivery_is_noted_dead_without_an_attempt() {
+    let store = Arc::new(MemoryStore::with_capacity(16));
+    let (endpoint, deps) = one_at_a_time("http://127.0.0.1:9/".into(), store.clone()).await;
+    let record = delivery_for(&endpoint.id, "evt_1");
+    let report = deps
+        .refuse(
+            &record,
+            DeadReason::EndpointDeleted,
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("noted");
+    let state = store
+        .delivery(&record.delivery_id)
+        .await
+        .unwrap()
+        .expect("the store knows the delivery");
+    assert_eq!(state.status, DeliveryStatus::Dead);
+    assert_eq!(state.dead_reason, Some(DeadReason::EndpointDeleted));
+    assert_eq!(state.attempts, 0);
+    assert_eq!(state.first_attempt_at, None);
+    assert!(
+        store
+            .attempts(&record.delivery_id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let dead = report.follow_up.expect("a dead letter");
+    assert_eq!(&*dead.out.topic, "t.dlq");
+    let headers = headers_of(&dead.out);
+    assert_eq!(headers[header::DEAD_REASON], "endpoint_deleted");
+    assert_eq!(headers[header::LAST_ERROR], "not_sent");
+    assert_eq!(headers[header::ATTEMPTS], "0", "nothing was sent");
+    assert!(!headers.contains_key(header::LAST_STATUS));
+}
+
+/// An endpoint without an active signing secret gets nothing: its lane slot comes back without
+/// a health signal, and the delivery is noted dead (`no_signing_key`) with no attempt.
+#[tokio::test]
+async fn a_delivery_without_a_signing_key_is_noted_dead_without_an_attempt() {
+    let (url, hits) = receiver().await;
+    let store = Arc::new(MemoryStore::with_capacity(16));
+    let (endpoint, deps) = one_at_a_time(url, store.clone()).await;
+    let mut keyless = (*endpoint).clone();
+    keyless.secrets.clear();
+    let record = delivery_for(&keyless.id, "evt_1");
+    let plan = SendPlan::build(&keyless, SystemTime::now());
+    let mut health = Some(Some(breaker::Outcome::Healthy));
+    let report = deps
+        .attempt(
+            &record,
+            None,
+            &keyless,
+            &plan,
+            &CancellationToken::new(),
+            |h| health = Some(h),
+        )
+        .await
+        .expect("noted");
+    assert_eq!(health, Some(None), "answered, with no health signal");
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    let state = store.delivery(&record.delivery_id).await.unwrap().unwrap();
+    assert_eq!(state.status, DeliveryStatus::Dead);
+    assert_eq!(state.dead_reason, Some(DeadReason::NoSigningKey));
+    assert_eq!(state.attempts, 0);
+    let dead = report.follow_up.expect("a dead letter");
+    assert_eq!(headers_of(&dead.out)[header::DEAD_REASON], "no_signing_key");
+}
+
+/// An attempt's row holds the request's headers as the receiver got them: the signature's, the
+/// attempt number, the content type and the user agent.
+#[tokio::test]
+async fn an_attempt_row_holds_the_headers_as_sent() {
+    let seen: Arc<std::sync::Mutex<Vec<http::HeaderMap>>> = Arc::default();
+    let app = axum::Router::new().fallback({
+        let seen = seen.clone();
+        move |headers: http::HeaderMap| {
+            seen.lock().unwrap().push(headers);
+            async { "ok" }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let store = Arc::new(MemoryStore::with_capacity(16));
+    let (endpoint, deps) = one_at_a_time(url, store.clone()).await;
+    let record = delivery_for(&endpoint.id, "evt_1");
+    let plan = SendPlan::build(&endpoint, SystemTime::now());
+    deps.attempt(
+        &record,
+        None,
+        &endpoint,
+        &plan,
+        &CancellationToken::new(),
+        |_| {},
+    )
+    .await
+    .expect("logged");
+    let rows = store.attempts(&record.delivery_id).await.unwrap();
+    let logged = &rows[0].request_headers;
+    let received = seen.lock().unwrap()[0].clone();
+    for (name, value) in logged {
+        assert_eq!(
+            received.get(name).and_then(|v| v.to_str().ok()),
+            Some(value.as_str()),
+            "{name} as logged: {logged:?}"
+        );
+    }
+    let names: BTreeSet<&str> = logged.iter().map(|(n, _)| n.as_str()).collect();
+    for name in [
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+        "hookline-attempt",
+        "content-type",
+        "user-agent",
+    ] {
+        assert!(names.contains(name), "{name} missing from {logged:?}");
+    }
+    assert!(logged.contains(&("webhook-id".into(), "evt_1".into())));
+}
+
+/// A parked record settles only once its tier has it and the store has its note: while the
+/// store refuses notes it stays unsettled; then the delivery shows as scheduled, with the park
+/// reason and the time it is due.
+// The mock cluster is not Send: current-thread runtime.
+#[tokio::test]
+async fn a_parked_record_settles_once_its_note_is_durable() {
+    use rdkafka::mocking::MockCluster;
+
+    let mock = MockCluster::new(1).unwrap();
+    let store = faulty_store(Fault::RefuseNotes(AtomicBool::new(true)));
+    let endpoints = Arc::new(MemoryEndpointStore::new(MasterKey::generate()));
+    let endpoint = endpoint_at(&endpoints, "http://127.0.0.1:9/hook".into(), 1).await;
+    let deps = Arc::new(deps_on(
+        &endpoints,
+        store.clone(),
+        &[Duration::from_secs(1)],
+    ));
+    for tier in deps.tiers.all() {
+        mock.create_topic(&tier.topic, 1, 1).unwrap();
+    }
+    let (stage, mut reports) = Stage::new(deps, producer_to(&mock.bootstrap_servers()));
+    let record = delivery_for(&endpoint.id, "evt_1");
+    let id = record.delivery_id.clone();
+    let due = SystemTime::now() + Duration::from_secs(30);
+    stage.park(
+        Tp::new("t.deliveries", 0),
+        7,
+        record,
+        due,
+        crate::park_reason::ParkReason::BreakerOpen,
+    );
+    let early = tokio::time::timeout(Duration::from_secs(2), reports.written.recv()).await;
+    assert!(early.is_err(), "settled before its note was durable");
+
+    let Fault::RefuseNotes(refusing) = &store.hooks else {
+        unreachable!("a store refusing notes")
+    };
+    refusing.store(false, Ordering::SeqCst);
+    let written = tokio::time::timeout(Duration::from_secs(20), reports.written.recv())
+        .await
+        .expect("settled once the note was taken")
+        .unwrap();
+    assert!(written.acked);
+    assert_eq!(written.offset, 7);
+    let state = store.inner.delivery(&id).await.unwrap().expect("noted");
+    assert_eq!(state.status, DeliveryStatus::Scheduled);
+    assert_eq!(state.attempts, 0);
+    let scheduled = state.scheduled.expect("why and until when");
+    assert_eq!(
+        scheduled.reason,
+        ScheduleReason::Parked(crate::park_reason::ParkReason::BreakerOpen)
+    );
+    let to_ms = |t: SystemTime| UnixMillis::from_system_time(t);
+    assert_eq!(to_ms(scheduled.next_attempt_at), to_ms(due));
 }

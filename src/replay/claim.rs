@@ -75,11 +75,22 @@ async fn in_flight(
     if mark.is_none() && claim.is_none() {
         return Ok((None, None));
     }
-    let attempts = store.attempts(id).await?;
+    let (attempts, state) = tokio::try_join!(store.attempts(id), store.delivery(id))?;
+    // Settled by an attempt carrying its id, or by the delivery stage dead-lettering the
+    // replayed record unsent (endpoint gone or disabled) since: the delivery is dead, and its
+    // latest entry is a dead note (later than every attempt) written after the replay.
+    let noted_dead_since = |replay: &ReplayMark| {
+        state.as_ref().is_some_and(|s| {
+            s.status == DeliveryStatus::Dead
+                && s.updated_at > replay.at
+                && attempts.iter().all(|a| a.started_at < s.updated_at)
+        })
+    };
     let carried = |replay: &ReplayMark| {
-        attempts
-            .iter()
-            .any(|a| a.replay_id.as_deref() == Some(replay.replay_id.as_str()))
+        noted_dead_since(replay)
+            || attempts
+                .iter()
+                .any(|a| a.replay_id.as_deref() == Some(replay.replay_id.as_str()))
     };
     if let Some(mark) = mark.as_ref().filter(|m| !carried(m)) {
         return Ok((Some(Standing::OnItsWay(mark.clone())), claim));
@@ -294,5 +305,43 @@ mod tests {
         store.record_attempt(&again).await.unwrap();
         assert_eq!(standing(&store, &delivery).await.unwrap(), Standing::Dead);
         claim(&store, &delivery, "rpl_c", false).await.unwrap();
+    }
+
+    /// A replayed record the delivery stage dead-lettered unsent (its endpoint disabled since,
+    /// say) leaves a dead note and no attempt: its replay is settled, and a later one may send
+    /// the delivery again.
+    #[tokio::test]
+    async fn a_replay_dead_lettered_unsent_no_longer_holds_the_delivery() {
+        let store = MemoryStore::default();
+        let delivery = dead_delivery(&store).await;
+        let id = &delivery.delivery_id;
+        let mark = ReplayMark {
+            delivery_id: id.clone(),
+            replay_id: "rpl_b".into(),
+            at: SystemTime::now(),
+        };
+        store.record_replay_mark(&mark).await.unwrap();
+        assert!(matches!(
+            standing(&store, &delivery).await.unwrap(),
+            Standing::OnItsWay(_)
+        ));
+        let note = crate::storage::DeliveryNote {
+            delivery_id: id.clone(),
+            event_id: delivery.event_id.clone(),
+            endpoint_id: delivery.endpoint_id.clone(),
+            tenant: delivery.tenant.clone(),
+            event_type: delivery.event_type.clone(),
+            at: mark.at + Duration::from_millis(5),
+            kind: crate::storage::NoteKind::Dead {
+                reason: DeadReason::EndpointDisabled,
+            },
+            replay_id: Some("rpl_b".into()),
+        };
+        store.record_note(&note).await.unwrap();
+        let delivery = store.delivery(id).await.unwrap().unwrap();
+        assert_eq!(standing(&store, &delivery).await.unwrap(), Standing::Dead);
+        claim(&store, &delivery, "rpl_c", false)
+            .await
+            .expect("claimed by the next replay");
     }
 }

@@ -123,6 +123,10 @@ fn describe() {
     );
     describe_counter!(EVENTS_FANNED_OUT, "Events fanned out.");
     describe_counter!(
+        EVENTS_REPEATED,
+        "Events dropped as repeats of one fanned out within the dedupe window."
+    );
+    describe_counter!(
         DELIVERIES_CREATED,
         "Delivery records produced by the fan-out."
     );
@@ -134,7 +138,7 @@ fn describe() {
     );
     describe_counter!(
         STORE_ERRORS,
-        "Attempt-log writes that failed and were retried."
+        "Store calls made before settling a record that failed and were retried."
     );
     describe_histogram!(
         STORE_WRITE_DURATION,
@@ -205,6 +209,7 @@ pub fn register_series<'a>(
     for plain in [
         BREAKER_OPENS,
         EVENTS_FANNED_OUT,
+        EVENTS_REPEATED,
         DELIVERIES_CREATED,
         ENDPOINTS_DISABLED,
         REPLAYED,
@@ -360,6 +365,7 @@ mod tests {
         for plain in [
             "hookline_breaker_opens_total",
             "hookline_events_fanned_out_total",
+            "hookline_events_repeated_total",
             "hookline_deliveries_created_total",
             "hookline_endpoints_disabled_total",
             "hookline_replayed_records_total",

@@ -27,8 +27,8 @@ pub use exporter::{InstallError, install, register_series};
 pub use panic::{attempt_panicked, panic_message, settling_panicked};
 pub use runtime::{runtime_busy, runtime_lag};
 pub use stage::{
-    CONSUMER_STAGES, consumer_error, consumer_lag, fanned_out, invalid_record, produce_failed,
-    replay_mark_failed, replayed,
+    CONSUMER_STAGES, consumer_error, consumer_lag, event_repeated, fanned_out, invalid_record,
+    produce_failed, replay_mark_failed, replayed,
 };
 pub use store::{
     CqlTlsFile, cql_client_cert_expiry, cql_tls_refused, cql_tls_reread, cql_tls_watched,

@@ -27,6 +27,9 @@ pub const CONSUMER_LAG: &str = "hookline_consumer_lag_records";
 pub const INVALID_RECORDS: &str = "hookline_invalid_records_total";
 /// Events fanned out.
 pub const EVENTS_FANNED_OUT: &str = "hookline_events_fanned_out_total";
+/// Events the fan-out dropped as repeats of one it fanned out within `ingest.dedupe_window`
+/// (the same tenant, id and content, on any instance).
+pub const EVENTS_REPEATED: &str = "hookline_events_repeated_total";
 /// Delivery records produced by the fan-out.
 pub const DELIVERIES_CREATED: &str = "hookline_deliveries_created_total";
 /// Endpoints disabled because the receiver answered 410 Gone.
@@ -36,7 +39,8 @@ pub const REPLAYED: &str = "hookline_replayed_records_total";
 /// Replayed records whose replay mark the store did not take: a second replay before their
 /// attempt is logged would send them again.
 pub const REPLAY_MARKS_FAILED: &str = "hookline_replay_marks_failed_total";
-/// Attempt-log writes that failed (the record is retried, not settled).
+/// Store calls the pipeline makes before settling a record (attempt rows, notes, events and
+/// their lookups) that failed: the call is retried, the record not settled.
 pub const STORE_ERRORS: &str = "hookline_store_errors_total";
 /// From an attempt's answer to its row being durable in the attempt log, retries included:
 /// the time its record waits, unsettled, on the store.

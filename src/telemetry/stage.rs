@@ -45,6 +45,18 @@ pub fn fanned_out(deliveries: usize) {
     });
 }
 
+/// The fan-out dropped event `id` as a repeat of one it fanned out within the dedupe window:
+/// lately on the same partition (`recently`), or as the store has it.
+pub fn event_repeated(tenant: &str, id: &str, recently: bool) {
+    tracing::debug!(
+        tenant,
+        event_id = id,
+        recently,
+        "repeated event; already fanned out"
+    );
+    counter!(name::EVENTS_REPEATED).increment(1);
+}
+
 /// Records were replayed from the DLQ.
 pub fn replayed(count: u64) {
     counter!(name::REPLAYED).increment(count);

@@ -58,15 +58,18 @@ pub fn cql_tls_reread(file: CqlTlsFile, used: bool) {
     counter!(name::STORE_TLS_REREADS, "file" => file.as_str(), "outcome" => outcome).increment(1);
 }
 
-/// The process's failed attempt-log writes, for [`store_error`]'s log.
+/// The process's failed store calls, for [`store_error`]'s log.
 static STORE_ERROR_LOG: RepeatLog = RepeatLog::new();
 
-/// An attempt-log write failed; the record stays unsettled and is tried again. Counted every
-/// time; logged as [`RepeatLog`] allows, per `kind` of error (unreachable, or anything else).
-pub fn store_error(kind: &'static str, error: &dyn std::fmt::Display) {
+/// A store call the pipeline makes before settling a record failed (`what`: `attempt`,
+/// `note`, `event`, `event lookup`); the record stays unsettled and the write is tried again
+/// (a lookup is not: the fan-out goes on without its answer).
+/// Counted every time; logged as [`RepeatLog`] allows, per call and `kind` of error
+/// (unreachable, or anything else).
+pub fn store_error(what: &'static str, kind: &'static str, error: &dyn std::fmt::Display) {
     counter!(name::STORE_ERRORS).increment(1);
-    if let Some(held_back) = STORE_ERROR_LOG.admit(kind, Instant::now()) {
-        tracing::warn!(error = %error, held_back, "attempt log write failed; retrying");
+    if let Some(held_back) = STORE_ERROR_LOG.admit(&format!("{what}:{kind}"), Instant::now()) {
+        tracing::warn!(call = what, error = %error, held_back, "store call failed");
     }
 }
 
@@ -76,31 +79,49 @@ mod tests {
     use crate::telemetry::capture::logged_and_exported;
 
     /// A store that is down fails every unsettled record's write every few seconds: each kind of
-    /// failure is one log line, while the counter counts every failure. (The only test in this
-    /// binary that fails attempt-log writes, so the process-wide gate starts empty.)
+    /// failure of each call is one log line, while the counter counts every failure. (The only
+    /// test in this binary that fails store calls, so the process-wide gate starts empty.)
     #[test]
     fn a_failing_attempt_log_is_logged_once_per_kind_and_counted_every_time() {
         let (text, rendered) = logged_and_exported(|| {
             for n in 0..500 {
                 store_error(
+                    "attempt",
                     "unavailable",
                     &format!("store unavailable: node {n} timed out"),
                 );
             }
-            store_error("backend", &"store error: keyspace hookline missing");
-            store_error("backend", &"store error: keyspace hookline missing");
+            store_error(
+                "attempt",
+                "backend",
+                &"store error: keyspace hookline missing",
+            );
+            store_error(
+                "attempt",
+                "backend",
+                &"store error: keyspace hookline missing",
+            );
+            store_error(
+                "event",
+                "backend",
+                &"store error: keyspace hookline missing",
+            );
         });
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines.len(), 3, "{text}");
         assert!(
             lines[0].contains("store unavailable: node 0 timed out"),
             "{text}"
         );
         assert!(lines[1].contains("keyspace hookline missing"), "{text}");
         assert!(
+            lines[2].contains("call=\"event\"") || lines[2].contains("call=event"),
+            "each call is its own kind: {text}"
+        );
+        assert!(
             rendered
                 .lines()
-                .any(|l| l == "hookline_store_errors_total 502"),
+                .any(|l| l == "hookline_store_errors_total 503"),
             "{rendered}"
         );
     }

@@ -20,7 +20,7 @@ use hookline::admin::events::MemoryEventSink;
 use hookline::admin::{AdminState, router};
 use hookline::config::{AdminConfig, Config, StoreKind, Token};
 use hookline::id::{DeliveryId, EventId};
-use hookline::service;
+use hookline::service::{self, Role};
 use hookline::storage::scylla::migrate::{MIGRATIONS, migrate};
 use hookline::storage::scylla::{ScyllaConfig, connect_session};
 use hookline::storage::{AttemptOutcome, DeliveryStatus};
@@ -91,7 +91,7 @@ impl Keyspace {
 }
 
 /// A pipeline config on real Kafka whose store is the CQL keyspace `keyspace` at `node`.
-fn cql_config(node: &str, keyspace: &str) -> Config {
+pub(crate) fn cql_config(node: &str, keyspace: &str) -> Config {
     let mut c = test_config(On::Real);
     c.store.kind = StoreKind::Scylla;
     c.store.scylla = ScyllaConfig {
@@ -101,10 +101,15 @@ fn cql_config(node: &str, keyspace: &str) -> Config {
     c
 }
 
-/// Starts the pipeline on real Kafka after creating its topics and waiting until each
+/// Starts every stage on real Kafka (see [`start_pipeline_as`]).
+pub(crate) async fn start_pipeline(config: Config) -> Pipeline {
+    start_pipeline_as(config, Role::All).await
+}
+
+/// Starts the stages of `role` on real Kafka after creating its topics and waiting until each
 /// partition has a leader: the registry's first metadata read fails on a topic created a moment
 /// ago (`NotLeaderForPartition`), which made these tests flaky when they ran in parallel.
-async fn start_pipeline(mut config: Config) -> Pipeline {
+pub(crate) async fn start_pipeline_as(mut config: Config, role: Role) -> Pipeline {
     config.kafka.bootstrap_servers = require_kafka().await;
     service::prepare_topics(&config)
         .await
@@ -142,11 +147,11 @@ async fn start_pipeline(mut config: Config) -> Pipeline {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    Pipeline::start(On::Real, config).await
+    Pipeline::start_as(On::Real, config, role).await
 }
 
 /// The admin API over the pipeline's own endpoint view and store, as `hookline run` serves it.
-fn admin(p: &Pipeline) -> axum::Router {
+pub(crate) fn admin(p: &Pipeline) -> axum::Router {
     let auth = AdminConfig {
         operator_tokens: vec![Token::new(OPERATOR_TOKEN)],
         ..AdminConfig::default()
@@ -162,7 +167,7 @@ fn admin(p: &Pipeline) -> axum::Router {
 }
 
 /// `GET path` with the operator token: (status, JSON body).
-async fn get(api: &axum::Router, path: &str) -> (u16, Value) {
+pub(crate) async fn get(api: &axum::Router, path: &str) -> (u16, Value) {
     let request = axum::http::Request::get(path)
         .header("authorization", format!("Bearer {OPERATOR_TOKEN}"))
         .body(Body::empty())
@@ -180,7 +185,11 @@ async fn get(api: &axum::Router, path: &str) -> (u16, Value) {
 }
 
 /// Polls `GET path` until `done(body)`, or fails after [`WAIT`] showing the last answer.
-async fn get_until(api: &axum::Router, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn get_until(
+    api: &axum::Router,
+    path: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let (status, body) = get(api, path).await;

@@ -3,10 +3,12 @@
 mod cql_every_delivery;
 mod cql_pipeline;
 mod cql_store;
+mod delivery_states;
 mod dev;
 mod events_api;
 mod helm;
 mod image;
+mod ingest_dedupe;
 mod layers;
 mod outage;
 mod pipeline;

@@ -7,22 +7,19 @@
 //! a proxy this test runs: cutting the proxy takes the broker away from this hookline alone.
 
 use std::collections::BTreeSet;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use hookline::config::Config;
 use hookline::service;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
 use tokio::time::Instant;
 
 use crate::services::fixture::{Topics, require_kafka, require_kafka_outage_listener, unique};
 use crate::support::proxy::TcpProxy;
 use crate::support::receiver::{Receiver, Reply};
-use crate::support::{create_endpoint, free_port, hookline_bin, signal};
+use crate::support::{Logged, create_endpoint, free_port, run_logged, signal};
 
 const TOKEN: &str = "it-outage-operator-token-0123";
 /// Bound on each wait for the pipeline or the probe on a busy machine.
@@ -175,28 +172,11 @@ async fn a_broker_outage_mid_stream_loses_nothing() {
         .map(|t| t.name)
         .collect();
 
-    let mut child = Command::new(hookline_bin())
-        .args(["run", "--role", "all", "--config"])
-        .arg(&path)
-        .env("HOOKLINE_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start hookline run");
-    let log = Arc::new(Mutex::new(String::new()));
-    let reader = tokio::spawn({
-        let log = log.clone();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut log = log.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        }
-    });
+    let Logged {
+        mut child,
+        log,
+        reader,
+    } = run_logged(&path);
     let api = Api {
         http: reqwest::Client::new(),
         base: format!("http://127.0.0.1:{admin}"),

@@ -32,6 +32,7 @@ pub enum On {
 pub struct Pipeline {
     pub config: Config,
     pub handles: Handles,
+    role: Role,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     _kafka: Option<Arc<EmbeddedKafka>>,
@@ -127,6 +128,11 @@ pub fn test_config(on: On) -> Config {
 impl Pipeline {
     /// Starts every stage of `config` on `on`.
     pub async fn start(on: On, config: Config) -> Pipeline {
+        Self::start_as(on, config, Role::All).await
+    }
+
+    /// Starts the stages of `role` of `config` on `on`.
+    pub async fn start_as(on: On, config: Config, role: Role) -> Pipeline {
         let mut config = config;
         let kafka = match on {
             On::Mock => {
@@ -142,7 +148,7 @@ impl Pipeline {
                 None
             }
         };
-        Self::start_on(config, kafka).await
+        Self::start_on(config, kafka, role).await
     }
 
     /// Starts every stage of `config` on a [`SplitMock`]; returns the pipeline and the cluster.
@@ -150,12 +156,12 @@ impl Pipeline {
         let mut config = config;
         let split = Arc::new(SplitMock::start(&config));
         config.kafka.bootstrap_servers = split.bootstrap.clone();
-        let mut p = Self::start_on(config, None).await;
+        let mut p = Self::start_on(config, None, Role::All).await;
         p.split = Some(split.clone());
         (p, split)
     }
 
-    async fn start_on(config: Config, kafka: Option<Arc<EmbeddedKafka>>) -> Pipeline {
+    async fn start_on(config: Config, kafka: Option<Arc<EmbeddedKafka>>, role: Role) -> Pipeline {
         if let Ok(filter) = std::env::var("HOOKLINE_TEST_LOG") {
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
@@ -164,12 +170,13 @@ impl Pipeline {
         }
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
-        let handles = service::start(&config, Role::All, &shutdown, &tasks)
+        let handles = service::start(&config, role, &shutdown, &tasks)
             .await
             .expect("start the pipeline");
         Pipeline {
             config,
             handles,
+            role,
             shutdown,
             tasks,
             _kafka: kafka.clone(),
@@ -204,8 +211,9 @@ impl Pipeline {
     /// Stops, then starts again on the same Kafka with the same store contents lost (a new
     /// process); returns the new pipeline.
     pub async fn restart(self) -> Pipeline {
+        let role = self.role;
         let (config, kafka) = self.halt().await;
-        Self::start_on(config, kafka).await
+        Self::start_on(config, kafka, role).await
     }
 
     /// Creates an endpoint; returns its id and its `whsec_` secret.
