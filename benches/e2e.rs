@@ -409,9 +409,10 @@ fn measured_seq(event_id: &str) -> Option<u64> {
     seq_of(MEASURED, event_id)
 }
 
-/// The sequence number of event `{prefix}{seq}`.
+/// The sequence number of event `{run}.{prefix}{seq}`.
 fn seq_of(prefix: char, event_id: &str) -> Option<u64> {
-    event_id.strip_prefix(prefix)?.parse().ok()
+    let (_run, id) = event_id.split_once('.')?;
+    id.strip_prefix(prefix)?.parse().ok()
 }
 
 async fn answer(state: &ReceiverState, req: Request<Incoming>) -> Response<Empty<Bytes>> {
@@ -581,7 +582,17 @@ enum Pace<'a> {
     },
 }
 
-/// Produces events `{prefix}{first}..{prefix}{first + n}` as `pace` says. Returns each event's
+/// This run's id, set once at its start.
+static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// This run's id: it begins every event id, so that a CQL keyspace kept from an earlier run,
+/// where hookline remembers every event id for `ingest.dedupe_window`, takes this run's events
+/// as new.
+fn run_id() -> &'static str {
+    RUN.get().map_or("run", String::as_str)
+}
+
+/// Produces events `{run}.{prefix}{first}..{run}.{prefix}{first + n}` as `pace` says. Returns each event's
 /// hand-over time (unix micros), the `i`th for event `first + i`. No two events of a run share
 /// an id: the fan-out drops an event id it has recently seen, so each phase has a prefix of its
 /// own and paced runs after the first continue the numbering.
@@ -629,7 +640,7 @@ async fn produce(
                 }
             }
         }
-        let id = format!("{prefix}{}", first + seq);
+        let id = format!("{}.{prefix}{}", run_id(), first + seq);
         let pad = pad_for(body, id.len());
         let value = event_json(&id, &pad);
         loop {
@@ -1860,6 +1871,7 @@ async fn run(s: Settings) -> Report {
 
     // 2. hookline on real Kafka, endpoints, one event through every stage.
     let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+    let _ = RUN.set(run.clone());
     let config = bench_config(&s, &run);
     service::prepare_topics(&config)
         .await

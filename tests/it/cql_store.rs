@@ -645,7 +645,7 @@ async fn attempt_rows_carry_the_configured_ttl() {
         store.record_event(&event).await.unwrap();
         let ks = &c.config.keyspace;
         let bucket = CqlTimestamp(row_bucket(row.started_at));
-        let queries: [(&str, String, Vec<CqlValue>); 4] = [
+        let queries: [(&str, String, Vec<CqlValue>); 3] = [
             (
                 "attempt row",
                 format!(
@@ -658,23 +658,13 @@ async fn attempt_rows_carry_the_configured_ttl() {
                 ],
             ),
             (
-                "creation row",
-                format!(
-                    "SELECT TTL(note) FROM {ks}.attempts_by_delivery \
-                     WHERE delivery_id = ? AND started_at = ? AND attempt = -1"
-                ),
-                vec![
-                    CqlValue::Text(row.delivery_id.to_string()),
-                    CqlValue::Timestamp(CqlTimestamp(row_ms(row.started_at))),
-                ],
-            ),
-            (
                 "event row",
                 format!(
                     "SELECT TTL(body) FROM {ks}.events \
-                     WHERE event_id = ? AND tenant = ? AND endpoint_id = ''"
+                     WHERE event_key = ? AND event_id = ? AND tenant = ? AND endpoint_id = ''"
                 ),
                 vec![
+                    CqlValue::BigInt(row.event_id.key()),
                     CqlValue::Text(row.event_id.to_string()),
                     CqlValue::Text(row.tenant.to_string()),
                 ],

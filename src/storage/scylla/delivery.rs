@@ -1,8 +1,9 @@
 //! Reading a delivery: its attempts, and its state, derived from its log.
 //!
 //! A delivery's state is not written at all: it is derived, on read, from the rows of the
-//! delivery's log (one partition: its creation, attempts and notes) by the fold both stores
-//! share ([`state`](crate::storage::state)). So a duplicate of a row (same time and number) is
+//! delivery's log (one partition: its attempts and notes) and its creation (the row of its
+//! event that names its endpoint) by the fold both stores share
+//! ([`state`](crate::storage::state)). So a duplicate of a row (same time and number) is
 //! stored once, and a row written late cannot overwrite a newer status, whatever order rows
 //! are written in; and the state follows what the log still holds as rows expire.
 
@@ -14,7 +15,7 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlTimestamp;
 
 use super::error::{backend_error, corrupt, pager_error, row_error};
-use super::note::{CREATED, DEAD, PARKED};
+use super::note::{DEAD, PARKED};
 use super::row::{self, from_cql, status_from_col};
 use super::{MAX_ATTEMPTS_READ, MAX_EVENT_DELIVERIES, ScyllaStore};
 use crate::attempt::ErrorClass;
@@ -50,8 +51,18 @@ struct AttemptCols {
     record_partition: Option<i32>,
     record_offset: Option<i64>,
     request_headers: Option<Vec<(String, String)>>,
-    /// Set on creation and note rows, which are not attempts.
+    /// Set on note rows, which are not attempts.
     note: Option<String>,
+}
+
+/// The columns of an `events` row read to find a delivery's creation.
+#[derive(DeserializeRow)]
+struct KeyCols {
+    event_id: String,
+    tenant: String,
+    endpoint_id: String,
+    event_type: Option<String>,
+    received_at: Option<CqlTimestamp>,
 }
 
 /// The columns of a log row that delivery state is derived from (no body).
@@ -77,6 +88,60 @@ impl ScyllaStore {
     /// A delivery's state, derived from the rows of its log (at most [`MAX_ATTEMPTS_READ`]);
     /// `None` when no row is left (never written, or every row expired).
     pub(super) async fn read_state(&self, id: &str) -> Result<Option<DeliveryState>, StoreError> {
+        let (created, mut fold) = tokio::try_join!(self.read_creation(id), self.read_log(id))?;
+        if let Some((identity, entry)) = created {
+            match &mut fold {
+                Some(f) => f.add(entry),
+                None => fold = Some(Derivation::new(identity, entry)),
+            }
+        }
+        Ok(fold.map(|f| f.state()))
+    }
+
+    /// The creation of delivery `id`, from the row of its event that names its endpoint (found
+    /// under the event key its id begins with), as an entry at the event's `received_at`.
+    /// `None` when the id has no key or no event under it names the delivery.
+    async fn read_creation(&self, id: &str) -> Result<Option<(Identity, Entry)>, StoreError> {
+        let Some(key) = DeliveryId::parse(id).ok().and_then(|d| d.event_key()) else {
+            return Ok(None);
+        };
+        let rows: Vec<KeyCols> = self
+            .read_ids(&self.st.event.select_key_rows, (key,))
+            .await?;
+        let bad = || corrupt("event", id);
+        // Rows come by (event_id, tenant, endpoint_id): each event and tenant's own row (endpoint
+        // '') before its endpoints' rows.
+        let mut head: Option<&KeyCols> = None;
+        for row in &rows {
+            if row.endpoint_id.is_empty() {
+                head = Some(row);
+                continue;
+            }
+            let event = EventId::parse(row.event_id.as_str()).map_err(|_| bad())?;
+            let endpoint = EndpointId::parse(row.endpoint_id.as_str()).map_err(|_| bad())?;
+            if DeliveryId::derive(&event, &endpoint).as_str() != id {
+                continue;
+            }
+            let Some(head) = head.filter(|h| h.event_id == row.event_id && h.tenant == row.tenant)
+            else {
+                return Err(bad());
+            };
+            let identity = Identity {
+                delivery_id: DeliveryId::parse(id).map_err(|_| bad())?,
+                event_id: event,
+                endpoint_id: endpoint,
+                tenant: Tenant::parse(head.tenant.as_str()).map_err(|_| bad())?,
+                event_type: head.event_type.clone().ok_or_else(bad)?,
+            };
+            let at = from_cql(head.received_at.ok_or_else(bad)?);
+            return Ok(Some((identity, Entry::created(at))));
+        }
+        Ok(None)
+    }
+
+    /// The derivation of a delivery's state from the rows of its log (at most
+    /// [`MAX_ATTEMPTS_READ`]), `None` without any.
+    async fn read_log(&self, id: &str) -> Result<Option<Derivation>, StoreError> {
         let _permit = self.permit().await?;
         let mut rows = self
             .session
@@ -98,7 +163,7 @@ impl ScyllaStore {
                 break;
             }
         }
-        Ok(fold.map(|f| f.state()))
+        Ok(fold)
     }
 
     /// A delivery's attempts, oldest first, at most [`MAX_ATTEMPTS_READ`].
@@ -137,8 +202,11 @@ impl ScyllaStore {
         event: &EventId,
     ) -> Result<Vec<DeliveryState>, StoreError> {
         let (listed, legacy) = tokio::try_join!(
-            self.read_ids(&self.st.event.select_event_endpoints, event),
-            self.read_ids(&self.st.attempt.select_by_event, event),
+            self.read_ids(
+                &self.st.event.select_event_endpoints,
+                (event.key(), event.as_str())
+            ),
+            self.read_ids(&self.st.attempt.select_by_event, (event.as_str(),)),
         )?;
         let mut ids = BTreeSet::new();
         let listed: Vec<(String, String)> = listed;
@@ -165,11 +233,11 @@ impl ScyllaStore {
             .collect())
     }
 
-    /// The rows `statement` reads for `event`, at most [`MAX_EVENT_DELIVERIES`].
+    /// The rows `statement` reads with `values`, at most [`MAX_EVENT_DELIVERIES`].
     async fn read_ids<R>(
         &self,
         statement: &PreparedStatement,
-        event: &EventId,
+        values: impl scylla::serialize::row::SerializeRow,
     ) -> Result<Vec<R>, StoreError>
     where
         R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm>,
@@ -177,7 +245,7 @@ impl ScyllaStore {
         let _permit = self.permit().await?;
         let mut stream = self
             .session
-            .execute_iter(statement.clone(), (event.as_str(),))
+            .execute_iter(statement.clone(), values)
             .await
             .map_err(pager_error)?
             .rows_stream::<R>()
@@ -198,7 +266,6 @@ fn entry_from_cols(c: StateCols) -> Result<(Identity, Entry), StoreError> {
     let bad = || corrupt("delivery log", &c.delivery_id);
     let note = match c.note.as_deref() {
         None => None,
-        Some(CREATED) => Some(EntryKind::Created),
         Some(PARKED) => Some(EntryKind::Note(NoteKind::Parked {
             reason: c
                 .park_reason

@@ -1,10 +1,11 @@
-//! Recording an event the fan-out produced: the event and its endpoints, each delivery's
-//! creation, their history entries, and the tenant's event index.
+//! Recording an event the fan-out produced: the event and its endpoints, their deliveries'
+//! history entries, and the tenant's event index.
 //!
 //! Per event: its `events` partition (the event's own row and one row per endpoint) as one
-//! single-partition unlogged batch, one mutation; per delivery a creation row in its log (the
-//! delivery's own partition) and a history entry through the group commit
-//! ([`entry_index`](super::entry_index)); per event a row in the tenant's events index,
+//! single-partition unlogged batch, one mutation, which is also where each delivery's creation
+//! is read (under the event key its id begins with); per delivery a history entry through the
+//! group commit ([`entry_index`](super::entry_index)); per event a row in the tenant's events
+//! index,
 //! group committed too; bucket-index rows once per bucket and process. All written
 //! concurrently; [`ScyllaStore::log_event`] returns `Ok` once all are durable. Every write is
 //! a blind insert of values the event determines, so recording an event again (a fan-out
@@ -19,9 +20,8 @@ use super::ScyllaStore;
 use super::entry_index::CELL_OVERHEAD;
 use super::error::exec_error;
 use super::group_commit::PartitionRow;
-use super::note::LogRowKey;
 use super::row::{bucket_of, to_cql};
-use crate::id::{DeliveryId, EndpointId};
+use crate::id::DeliveryId;
 use crate::storage::{EventRow, StoreError};
 
 /// An `events_by_tenant_bucket` row; partition (tenant, bucket).
@@ -49,6 +49,7 @@ impl PartitionRow for TenantEventRow {
 /// set), or an endpoint's (the event's columns left unset, so they are not written again).
 #[derive(SerializeRow)]
 struct EventValues<'a> {
+    event_key: i64,
     event_id: &'a str,
     tenant: &'a str,
     endpoint_id: &'a str,
@@ -65,12 +66,10 @@ impl ScyllaStore {
     pub(super) async fn log_event(&self, event: &EventRow) -> Result<(), StoreError> {
         let received = to_cql(event.received_at);
         let bucket = bucket_of(received);
-        let deliveries = futures::future::try_join_all(
-            event
-                .endpoints
-                .iter()
-                .map(|endpoint| self.create_delivery(event, endpoint, received)),
-        );
+        let deliveries = futures::future::try_join_all(event.endpoints.iter().map(|endpoint| {
+            let id = DeliveryId::derive(&event.event_id, endpoint);
+            async move { self.index_entry(endpoint, &id, received, None).await }
+        }));
         let tenant_index = self.index.tenant_events.write(TenantEventRow {
             tenant: event.tenant.as_str().to_owned(),
             bucket,
@@ -112,7 +111,9 @@ impl ScyllaStore {
         event: &EventRow,
         received: CqlTimestamp,
     ) -> Result<(), StoreError> {
+        let event_key = event.event_id.key();
         let head = EventValues {
+            event_key,
             event_id: event.event_id.as_str(),
             tenant: event.tenant.as_str(),
             endpoint_id: "",
@@ -129,6 +130,7 @@ impl ScyllaStore {
         }
         let rows: Vec<EventValues<'_>> = std::iter::once(head)
             .chain(event.endpoints.iter().map(|endpoint| EventValues {
+                event_key,
                 event_id: event.event_id.as_str(),
                 tenant: event.tenant.as_str(),
                 endpoint_id: endpoint.as_str(),
@@ -151,31 +153,5 @@ impl ScyllaStore {
             .await
             .map(|_| ())
             .map_err(exec_error)
-    }
-
-    /// The creation of the event's delivery to `endpoint`: its log row (the columns every log
-    /// row has, the rest set by the statement) and history entry.
-    async fn create_delivery(
-        &self,
-        event: &EventRow,
-        endpoint: &EndpointId,
-        received: CqlTimestamp,
-    ) -> Result<(), StoreError> {
-        let id = DeliveryId::derive(&event.event_id, endpoint);
-        let row = self.write(
-            &self.st.attempt.insert_created,
-            LogRowKey {
-                delivery_id: id.as_str(),
-                started_at: received,
-                event_id: event.event_id.as_str(),
-                endpoint_id: endpoint.as_str(),
-                tenant: event.tenant.as_str(),
-                event_type: &event.event_type,
-                ttl: self.attempt_ttl,
-            },
-        );
-        let index = self.index_entry(endpoint, &id, received, None);
-        tokio::try_join!(row, index)?;
-        Ok(())
     }
 }

@@ -43,7 +43,7 @@ impl ScyllaStore {
             .session
             .execute_iter(
                 self.st.event.select_event.clone(),
-                (id.as_str(), tenant.as_str()),
+                (id.key(), id.as_str(), tenant.as_str()),
             )
             .await
             .map_err(pager_error)?

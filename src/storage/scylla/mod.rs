@@ -23,7 +23,8 @@
 //! - [`session`]: opening a driver session (routing, consistency, login, TLS);
 //!   [`setup`]: building the store on it (schema check, [`statement`]s prepared once).
 //! - [`attempt_log`], [`note`] and [`event_log`]: writing a delivery's log rows (attempts,
-//!   notes, creations; an event's own partition and its tenant's index), and
+//!   notes) and an event's own partition (where its deliveries' creations are read) and its
+//!   tenant's index, and
 //!   [`entry_index`]: the index rows that find them, through [`group_commit`] and
 //!   [`bucket_index`].
 //! - [`delivery`]: a delivery's attempts, the state derived from its log, an event's

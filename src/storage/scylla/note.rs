@@ -16,10 +16,8 @@ use crate::storage::{DeliveryNote, NoteKind, StoreError};
 pub(super) const PARKED: &str = "parked";
 /// The `note` column of a dead note.
 pub(super) const DEAD: &str = "dead";
-/// The `note` column of a creation row.
-pub(super) const CREATED: &str = "created";
 
-/// The columns every creation and note row of a delivery's log has.
+/// The columns every note row of a delivery's log has.
 #[derive(SerializeRow)]
 pub(super) struct LogRowKey<'a> {
     pub(super) delivery_id: &'a str,

@@ -10,7 +10,7 @@ use super::bucket_walk::BUCKET_LIST_PAGE;
 
 /// The prepared statements, one group per set of tables.
 pub(super) struct Statements {
-    /// A delivery's log (attempts, creation, notes) and the event index of older versions.
+    /// A delivery's log (attempts, notes) and the event index of older versions.
     pub(super) attempt: AttemptStatements,
     /// Events, and a tenant's events by minute.
     pub(super) event: EventStatements,
@@ -79,8 +79,6 @@ impl Preparer<'_> {
 /// written before version 7.
 pub(super) struct AttemptStatements {
     pub(super) insert_attempt: PreparedStatement,
-    /// A creation row (attempt -1, note 'created').
-    pub(super) insert_created: PreparedStatement,
     /// A note row (attempt 0, note 'parked' or 'dead').
     pub(super) insert_note: PreparedStatement,
     pub(super) select_attempts: PreparedStatement,
@@ -104,14 +102,6 @@ impl AttemptStatements {
                      :event_type, :status, :latency_ms, :error_class, :response_body, \
                      :signing_key_ids, :replay_id, :outcome, :next_attempt_at, :dead_reason, \
                      :record_partition, :record_offset, :request_headers) USING TTL :ttl"
-                ))
-                .await?,
-            insert_created: p
-                .plain(format!(
-                    "INSERT INTO {ks}.attempts_by_delivery (delivery_id, started_at, attempt, \
-                     event_id, endpoint_id, tenant, event_type, note) VALUES \
-                     (:delivery_id, :started_at, -1, :event_id, :endpoint_id, :tenant, \
-                     :event_type, 'created') USING TTL :ttl"
                 ))
                 .await?,
             insert_note: p
@@ -159,6 +149,9 @@ pub(super) struct EventStatements {
     pub(super) select_event: PreparedStatement,
     /// Every tenant's endpoint rows of an event.
     pub(super) select_event_endpoints: PreparedStatement,
+    /// Every row filed under one event key (one event's, bar a digest collision): where a
+    /// delivery's creation is read.
+    pub(super) select_key_rows: PreparedStatement,
     pub(super) insert_tenant_event: PreparedStatement,
     pub(super) insert_tenant_bucket: PreparedStatement,
     /// A tenant's buckets in a range, [`BUCKET_LIST_PAGE`] per page.
@@ -180,21 +173,28 @@ impl EventStatements {
         Ok(EventStatements {
             insert_event: p
                 .plain(format!(
-                    "INSERT INTO {ks}.events (event_id, tenant, endpoint_id, event_type, \
-                     occurred_at, received_at, body, fingerprint) VALUES (:event_id, :tenant, \
-                     :endpoint_id, :event_type, :occurred_at, :received_at, :body, \
-                     :fingerprint) USING TTL :ttl"
+                    "INSERT INTO {ks}.events (event_key, event_id, tenant, endpoint_id, \
+                     event_type, occurred_at, received_at, body, fingerprint) VALUES \
+                     (:event_key, :event_id, :tenant, :endpoint_id, :event_type, :occurred_at, \
+                     :received_at, :body, :fingerprint) USING TTL :ttl"
                 ))
                 .await?,
             select_event: p
                 .plain(format!(
                     "SELECT endpoint_id, event_type, occurred_at, received_at, body, \
-                     fingerprint FROM {ks}.events WHERE event_id = ? AND tenant = ?"
+                     fingerprint FROM {ks}.events WHERE event_key = ? AND event_id = ? AND tenant = ?"
                 ))
                 .await?,
             select_event_endpoints: p
                 .plain(format!(
-                    "SELECT tenant, endpoint_id FROM {ks}.events WHERE event_id = ?"
+                    "SELECT tenant, endpoint_id FROM {ks}.events WHERE event_key = ? \
+                     AND event_id = ?"
+                ))
+                .await?,
+            select_key_rows: p
+                .plain(format!(
+                    "SELECT event_id, tenant, endpoint_id, event_type, received_at FROM \
+                     {ks}.events WHERE event_key = ?"
                 ))
                 .await?,
             insert_tenant_event: p
