@@ -5,7 +5,6 @@
 //! The test has its own keyspace (dropped at the end, pass or fail), topics and groups.
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,14 +13,13 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::time::Instant;
 
 use crate::cql_pipeline::Keyspace;
 use crate::services::fixture::{Topics, cql_login_toml, require_cql, require_kafka, unique};
 use crate::support::receiver::{Receiver, Reply};
-use crate::support::{create_endpoint, free_port, hookline_bin, signal};
+use crate::support::{Logged, create_endpoint, free_port, run_logged, signal};
 
 const ACME: &str = "it-events-acme-token-0123456789";
 const GLOBEX: &str = "it-events-globex-token-0123456789";
@@ -88,28 +86,7 @@ keyspace = "{keyspace}"
         );
         let path = std::env::temp_dir().join(format!("hookline-{run}.toml"));
         std::fs::write(&path, config).unwrap();
-        let mut child = Command::new(hookline_bin())
-            .args(["run", "--role", "all", "--config"])
-            .arg(&path)
-            .env("HOOKLINE_LOG", "warn")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start hookline run");
-        let log = Arc::new(Mutex::new(String::new()));
-        tokio::spawn({
-            let log = log.clone();
-            let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-            async move {
-                while let Ok(Some(line)) = lines.next_line().await {
-                    let mut log = log.lock().unwrap();
-                    log.push_str(&line);
-                    log.push('\n');
-                }
-            }
-        });
+        let Logged { child, log, .. } = run_logged(&path);
         let run = Run {
             child,
             log,

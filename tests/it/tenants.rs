@@ -2,7 +2,6 @@
 //! the same endpoints topic, so a key issued or revoked through one, and a ceiling set through
 //! one, hold on the other within seconds.
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,12 +9,11 @@ use hookline::config::Config;
 use hookline::service;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::time::Instant;
 
 use crate::services::fixture::{Topics, require_kafka, unique};
-use crate::support::{free_port, hookline_bin, signal};
+use crate::support::{Logged, free_port, run_logged, signal};
 
 const TOKEN: &str = "it-tenants-operator-token-0123";
 /// Bound on start-up on a busy machine.
@@ -66,28 +64,7 @@ impl Instance {
         let (admin, metrics) = (free_port(), free_port());
         let path = std::env::temp_dir().join(format!("hookline-{run}-{n}.toml"));
         std::fs::write(&path, config_text(run, bootstrap, admin, metrics)).unwrap();
-        let mut child = Command::new(hookline_bin())
-            .args(["run", "--role", "all", "--config"])
-            .arg(&path)
-            .env("HOOKLINE_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start hookline run");
-        let log = Arc::new(Mutex::new(String::new()));
-        tokio::spawn({
-            let log = log.clone();
-            let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-            async move {
-                while let Ok(Some(line)) = lines.next_line().await {
-                    let mut log = log.lock().unwrap();
-                    log.push_str(&line);
-                    log.push('\n');
-                }
-            }
-        });
+        let Logged { child, log, .. } = run_logged(&path);
         let instance = Instance {
             child,
             log,
