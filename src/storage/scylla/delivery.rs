@@ -88,14 +88,17 @@ impl ScyllaStore {
     /// A delivery's state, derived from the rows of its log (at most [`MAX_ATTEMPTS_READ`]);
     /// `None` when no row is left (never written, or every row expired).
     pub(super) async fn read_state(&self, id: &str) -> Result<Option<DeliveryState>, StoreError> {
-        let (created, mut fold) = tokio::try_join!(self.read_creation(id), self.read_log(id))?;
-        if let Some((identity, entry)) = created {
-            match &mut fold {
-                Some(f) => f.add(entry),
-                None => fold = Some(Derivation::new(identity, entry)),
-            }
-        }
-        Ok(fold.map(|f| f.state()))
+        let (created, log) = tokio::try_join!(self.read_creation(id), self.read_log(id))?;
+        Ok(with_creation(log, created).map(|f| f.state()))
+    }
+
+    /// The state of the delivery `created` records, from its log and that creation.
+    async fn read_created_state(
+        &self,
+        created: (Identity, Entry),
+    ) -> Result<Option<DeliveryState>, StoreError> {
+        let log = self.read_log(created.0.delivery_id.as_str()).await?;
+        Ok(with_creation(log, Some(created)).map(|f| f.state()))
     }
 
     /// The creation of delivery `id`, from the row of its event that names its endpoint (found
@@ -108,35 +111,9 @@ impl ScyllaStore {
         let rows: Vec<KeyCols> = self
             .read_ids(&self.st.event.select_key_rows, (key,))
             .await?;
-        let bad = || corrupt("event", id);
-        // Rows come by (event_id, tenant, endpoint_id): each event and tenant's own row (endpoint
-        // '') before its endpoints' rows.
-        let mut head: Option<&KeyCols> = None;
-        for row in &rows {
-            if row.endpoint_id.is_empty() {
-                head = Some(row);
-                continue;
-            }
-            let event = EventId::parse(row.event_id.as_str()).map_err(|_| bad())?;
-            let endpoint = EndpointId::parse(row.endpoint_id.as_str()).map_err(|_| bad())?;
-            if DeliveryId::derive(&event, &endpoint).as_str() != id {
-                continue;
-            }
-            let Some(head) = head.filter(|h| h.event_id == row.event_id && h.tenant == row.tenant)
-            else {
-                return Err(bad());
-            };
-            let identity = Identity {
-                delivery_id: DeliveryId::parse(id).map_err(|_| bad())?,
-                event_id: event,
-                endpoint_id: endpoint,
-                tenant: Tenant::parse(head.tenant.as_str()).map_err(|_| bad())?,
-                event_type: head.event_type.clone().ok_or_else(bad)?,
-            };
-            let at = from_cql(head.received_at.ok_or_else(bad)?);
-            return Ok(Some((identity, Entry::created(at))));
-        }
-        Ok(None)
+        Ok(creations(&rows, id, |_, delivery| delivery.as_str() == id)?
+            .into_iter()
+            .next())
     }
 
     /// The derivation of a delivery's state from the rows of its log (at most
@@ -201,36 +178,40 @@ impl ScyllaStore {
         &self,
         event: &EventId,
     ) -> Result<Vec<DeliveryState>, StoreError> {
-        let (listed, legacy) = tokio::try_join!(
-            self.read_ids(
-                &self.st.event.select_event_endpoints,
-                (event.key(), event.as_str())
-            ),
-            self.read_ids(&self.st.attempt.select_by_event, (event.as_str(),)),
+        let (rows, legacy) = tokio::try_join!(
+            self.read_ids::<KeyCols>(&self.st.event.select_key_rows, (event.key(),)),
+            self.read_ids::<(String,)>(&self.st.attempt.select_by_event, (event.as_str(),)),
         )?;
-        let mut ids = BTreeSet::new();
-        let listed: Vec<(String, String)> = listed;
-        for (_tenant, endpoint) in listed {
-            if endpoint.is_empty() {
-                continue;
-            }
-            let endpoint =
-                EndpointId::parse(endpoint).map_err(|_| corrupt("event", event.as_str()))?;
-            ids.insert(DeliveryId::derive(event, &endpoint).as_str().to_owned());
-        }
-        let legacy: Vec<(String,)> = legacy;
-        ids.extend(legacy.into_iter().map(|(id,)| id));
-        let states: Vec<Option<DeliveryState>> = futures::stream::iter(ids)
+        // The deliveries the event's partition lists carry their creation from the rows just
+        // read; those only the legacy index lists are read whole.
+        let listed = creations(&rows, event.as_str(), |e, _| e == event)?;
+        let listed_ids: BTreeSet<String> = listed
+            .iter()
+            .map(|(identity, _)| identity.delivery_id.as_str().to_owned())
+            .collect();
+        let legacy: BTreeSet<String> = legacy
+            .into_iter()
+            .map(|(id,)| id)
+            .filter(|id| !listed_ids.contains(id))
+            .collect();
+        let listed = futures::stream::iter(listed)
             .take(MAX_EVENT_DELIVERIES)
-            .map(|id| async move { self.read_state(&id).await })
+            .map(|created| async move { self.read_created_state(created).await });
+        let legacy = futures::stream::iter(legacy)
+            .take(MAX_EVENT_DELIVERIES.saturating_sub(listed_ids.len()))
+            .map(|id| async move { self.read_state(&id).await });
+        let states: Vec<Option<DeliveryState>> = listed
             .buffered(READ_FAN_OUT)
+            .chain(legacy.buffered(READ_FAN_OUT))
             .try_collect()
             .await?;
-        Ok(states
+        let mut states: Vec<DeliveryState> = states
             .into_iter()
             .flatten()
             .filter(|s| &s.event_id == event)
-            .collect())
+            .collect();
+        states.sort_by(|a, b| a.delivery_id.cmp(&b.delivery_id));
+        Ok(states)
     }
 
     /// The rows `statement` reads with `values`, at most [`MAX_EVENT_DELIVERIES`].
@@ -259,6 +240,64 @@ impl ScyllaStore {
         }
         Ok(rows)
     }
+}
+
+/// `log` with the delivery's creation added, when there is one.
+fn with_creation(
+    log: Option<Derivation>,
+    created: Option<(Identity, Entry)>,
+) -> Option<Derivation> {
+    let Some((identity, entry)) = created else {
+        return log;
+    };
+    Some(match log {
+        Some(mut f) => {
+            f.add(entry);
+            f
+        }
+        None => Derivation::new(identity, entry),
+    })
+}
+
+/// The creations that `rows` (of one event key) record for the deliveries `keep` accepts (by
+/// event and delivery id), each as an entry at its event's `received_at`; `what` names the
+/// rows in a corruption error.
+fn creations(
+    rows: &[KeyCols],
+    what: &str,
+    keep: impl Fn(&EventId, &DeliveryId) -> bool,
+) -> Result<Vec<(Identity, Entry)>, StoreError> {
+    let bad = || corrupt("event", what);
+    let mut found = Vec::new();
+    // Rows come by (event_id, tenant, endpoint_id): each event and tenant's own row (endpoint
+    // '') before its endpoints' rows.
+    let mut head: Option<&KeyCols> = None;
+    for row in rows {
+        if row.endpoint_id.is_empty() {
+            head = Some(row);
+            continue;
+        }
+        let event = EventId::parse(row.event_id.as_str()).map_err(|_| bad())?;
+        let endpoint = EndpointId::parse(row.endpoint_id.as_str()).map_err(|_| bad())?;
+        let delivery_id = DeliveryId::derive(&event, &endpoint);
+        if !keep(&event, &delivery_id) {
+            continue;
+        }
+        let Some(head) = head.filter(|h| h.event_id == row.event_id && h.tenant == row.tenant)
+        else {
+            return Err(bad());
+        };
+        let identity = Identity {
+            delivery_id,
+            event_id: event,
+            endpoint_id: endpoint,
+            tenant: Tenant::parse(head.tenant.as_str()).map_err(|_| bad())?,
+            event_type: head.event_type.clone().ok_or_else(bad)?,
+        };
+        let at = from_cql(head.received_at.ok_or_else(bad)?);
+        found.push((identity, Entry::created(at)));
+    }
+    Ok(found)
 }
 
 /// A row of a delivery's log as an entry of its state, with the delivery it names.

@@ -147,10 +147,8 @@ pub(super) struct EventStatements {
     pub(super) insert_event: PreparedStatement,
     /// One tenant's rows of an event.
     pub(super) select_event: PreparedStatement,
-    /// Every tenant's endpoint rows of an event.
-    pub(super) select_event_endpoints: PreparedStatement,
-    /// Every row filed under one event key (one event's, bar a digest collision): where a
-    /// delivery's creation is read.
+    /// Every row filed under one event key (one event's, bar a digest collision): where
+    /// deliveries' creations and an event's deliveries are read.
     pub(super) select_key_rows: PreparedStatement,
     pub(super) insert_tenant_event: PreparedStatement,
     pub(super) insert_tenant_bucket: PreparedStatement,
@@ -183,12 +181,6 @@ impl EventStatements {
                 .plain(format!(
                     "SELECT endpoint_id, event_type, occurred_at, received_at, body, \
                      fingerprint FROM {ks}.events WHERE event_key = ? AND event_id = ? AND tenant = ?"
-                ))
-                .await?,
-            select_event_endpoints: p
-                .plain(format!(
-                    "SELECT tenant, endpoint_id FROM {ks}.events WHERE event_key = ? \
-                     AND event_id = ?"
                 ))
                 .await?,
             select_key_rows: p
