@@ -551,7 +551,7 @@ async fn publish_once(
     event: &NativeEvent,
     fp: [u8; 32],
 ) -> Result<(), ApiError> {
-    let stored = match state.deliveries.event(&event.tenant, &event.id).await {
+    let stored = match state.deliveries.event_mark(&event.tenant, &event.id).await {
         Ok(stored) => stored,
         // Ingest does not wait on the history store: the event is safe in Kafka, and the
         // fan-out checks the store again before it sends the event anywhere.

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::invalid_record;
 use crate::input::{InvalidInput, InvalidReason};
 use crate::stage::{Outgoing, Tp, Written, produce_until_acked, until_stored};
-use crate::storage::{DeliveryStore, EventRow};
+use crate::storage::{DeliveryStore, EventMark, EventRow};
 use crate::telemetry;
 
 /// What the work of every input record shares.
@@ -71,7 +71,7 @@ pub(super) enum Known {
 /// Whether `row` is new, a repeat of `stored` or a different event reusing its id: copies
 /// received within `window` of each other (either way round: an old record read late, or
 /// read again) are one event.
-pub(super) fn known(stored: Option<&EventRow>, row: &EventRow, window: Duration) -> Known {
+pub(super) fn known(stored: Option<&EventMark>, row: &EventRow, window: Duration) -> Known {
     let Some(stored) = stored else {
         return Known::New;
     };
@@ -139,7 +139,7 @@ impl Shared {
         // A store that does not answer does not hold up delivery: the event is fanned out as
         // new (a repeat among them is sent again, with the same `webhook-id`), and its offset
         // waits for its row below, as attempts wait for theirs.
-        let stored = match store.event(&row.tenant, &row.event_id).await {
+        let stored = match store.event_mark(&row.tenant, &row.event_id).await {
             Ok(stored) => stored,
             Err(e) => {
                 telemetry::store_error("event lookup", e.kind(), &e);
@@ -210,6 +210,10 @@ mod tests {
     fn a_copy_within_the_window_is_a_repeat_or_a_reused_id() {
         let window = Duration::from_secs(100);
         let first = row("aa", 1_000);
+        let first = EventMark {
+            fingerprint: first.fingerprint,
+            received_at: first.received_at,
+        };
         assert_eq!(known(None, &row("aa", 1_000), window), Known::New);
         assert_eq!(
             known(Some(&first), &row("aa", 1_000), window),

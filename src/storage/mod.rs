@@ -274,6 +274,15 @@ pub struct EventRow {
     pub endpoints: Vec<EndpointId>,
 }
 
+/// What [`DeliveryStore::event_mark`] reads of a kept event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventMark {
+    /// [`EventRow::fingerprint`].
+    pub fingerprint: String,
+    /// [`EventRow::received_at`].
+    pub received_at: SystemTime,
+}
+
 /// An events page request: newest first (by `received_at`), `cursor` from the previous page.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EventQuery {
@@ -398,6 +407,19 @@ pub trait DeliveryStore: Send + Sync + 'static {
     async fn record_event(&self, event: &EventRow) -> Result<(), StoreError>;
     /// The tenant's event with this id, if kept.
     async fn event(&self, tenant: &Tenant, id: &EventId) -> Result<Option<EventRow>, StoreError>;
+    /// What tells a repeat of the tenant's event with this id from another event reusing it,
+    /// if the event is kept: [`DeliveryStore::event`] without the body and endpoints, which a
+    /// store may read at less cost.
+    async fn event_mark(
+        &self,
+        tenant: &Tenant,
+        id: &EventId,
+    ) -> Result<Option<EventMark>, StoreError> {
+        Ok(self.event(tenant, id).await?.map(|e| EventMark {
+            fingerprint: e.fingerprint,
+            received_at: e.received_at,
+        }))
+    }
     /// A tenant's events, newest first, paged. New events arriving between pages never shift
     /// them.
     async fn events(

@@ -11,7 +11,7 @@ use futures::FutureExt;
 use hookline::attempt::ErrorClass;
 use hookline::dead_reason::DeadReason;
 use hookline::id::EndpointId;
-use hookline::storage::conformance::{self, attempt_row};
+use hookline::storage::conformance::{self, attempt_row, legacy_attempt_row};
 use hookline::storage::scylla::migrate::{MIGRATIONS, MigrateError, migrate};
 use hookline::storage::scylla::{
     CqlPassword, CqlTls, DeadLetter, DeadLetterQuery, ScyllaConfig, ScyllaError, ScyllaStore,
@@ -262,7 +262,7 @@ async fn tls_checks_the_nodes_certificate_and_shows_hookline_s_own() {
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success() && stdout.contains("at schema version 7"),
+            out.status.success() && stdout.contains("at schema version 8"),
             "{stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );
@@ -373,18 +373,19 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     (4, "replay_claims"),
                     (5, "attempt_records"),
                     (6, "replay_tenants"),
-                    (7, "every_delivery")
+                    (7, "every_delivery"),
+                    (8, "event_endpoints")
                 ]
             );
-            assert_eq!(first.version, 7);
+            assert_eq!(first.version, 8);
             let second = c.migrate().await;
             assert!(second.applied.is_empty(), "second run applies nothing");
-            assert_eq!(second.version, 7);
+            assert_eq!(second.version, 8);
             let ks = &c.config.keyspace;
             let recorded = hookline::storage::scylla::migrate::applied_versions(&c.session, ks)
                 .await
                 .unwrap();
-            assert_eq!(recorded.len(), 7);
+            assert_eq!(recorded.len(), 8);
             for (recorded, m) in recorded.iter().zip(MIGRATIONS) {
                 assert_eq!(
                     recorded.checksum,
@@ -411,7 +412,7 @@ async fn migrate_twice_is_a_no_op_and_a_newer_schema_is_refused() {
                     err,
                     MigrateError::NewerSchema {
                         database: 999,
-                        binary: 7,
+                        binary: 8,
                         ..
                     }
                 ),
@@ -434,7 +435,7 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
                 err,
                 ScyllaError::SchemaBehind {
                     found: 0,
-                    needed: 7,
+                    needed: 8,
                     ..
                 }
             ));
@@ -444,7 +445,7 @@ async fn the_store_refuses_an_unmigrated_keyspace() {
 }
 
 /// A keyspace a release with schema version 1 migrated: this binary refuses it until
-/// `hookline migrate` adds versions 2 to 7, which leave version 1's tables in place.
+/// `hookline migrate` adds versions 2 to 8, which leave version 1's tables in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_keyspace_is_refused_until_upgraded() {
     cql()
@@ -464,7 +465,7 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
                     err,
                     ScyllaError::SchemaBehind {
                         found: 1,
-                        needed: 7,
+                        needed: 8,
                         ..
                     }
                 ),
@@ -479,10 +480,11 @@ async fn a_version_1_keyspace_is_refused_until_upgraded() {
                     (4, "replay_claims"),
                     (5, "attempt_records"),
                     (6, "replay_tenants"),
-                    (7, "every_delivery")
+                    (7, "every_delivery"),
+                    (8, "event_endpoints")
                 ]
             );
-            assert_eq!(upgrade.version, 7);
+            assert_eq!(upgrade.version, 8);
             c.store().await;
             // Version 1's tables stay (their rows expire with their TTL).
             for table in [
@@ -537,10 +539,11 @@ async fn an_interrupted_column_add_is_finished_by_the_next_run() {
                 [
                     (5, "attempt_records"),
                     (6, "replay_tenants"),
-                    (7, "every_delivery")
+                    (7, "every_delivery"),
+                    (8, "event_endpoints")
                 ]
             );
-            assert_eq!(after.version, 7);
+            assert_eq!(after.version, 8);
             for column in [
                 "record_partition",
                 "record_offset",
@@ -594,11 +597,12 @@ async fn the_migrate_command_applies_once() {
         assert!(stdout.contains("applied 005_attempt_records"), "{stdout}");
         assert!(stdout.contains("applied 006_replay_tenants"), "{stdout}");
         assert!(stdout.contains("applied 007_every_delivery"), "{stdout}");
+        assert!(stdout.contains("applied 008_event_endpoints"), "{stdout}");
         let second = run();
         let stdout = String::from_utf8_lossy(&second.stdout);
         assert!(second.status.success());
         assert!(stdout.contains("nothing to apply"), "{stdout}");
-        assert!(stdout.contains("at schema version 7"), "{stdout}");
+        assert!(stdout.contains("at schema version 8"), "{stdout}");
     })
     .await;
 }
@@ -699,6 +703,103 @@ async fn attempt_rows_carry_the_configured_ttl() {
     .await;
 }
 
+/// A delivery the fan-out recorded has one history entry, written with its event: its
+/// attempts and notes add none. A delivery fanned out before version 7 (no recorded event) gets
+/// one per attempt, and history lists it at its first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_delivery_has_one_history_entry() {
+    cql()
+        .await
+        .run(|c| async move {
+            c.migrate().await;
+            let store = c.store().await;
+            let run = uuid::Uuid::new_v4().simple().to_string();
+            let endpoint = format!("ep_{run}");
+            let ep = EndpointId::parse(&endpoint).unwrap();
+            // The start of a minute: the retries below fall in the next one.
+            let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+            let recorded = format!("evt_rec_{run}");
+            let mut first = attempt_row(&recorded, &endpoint, 1);
+            store
+                .record_event(&EventRow {
+                    tenant: first.tenant.clone(),
+                    event_id: first.event_id.clone(),
+                    event_type: first.event_type.clone(),
+                    occurred_at: t0,
+                    received_at: t0,
+                    body: bytes::Bytes::from_static(b"{}"),
+                    fingerprint: "f".into(),
+                    endpoints: vec![ep.clone()],
+                })
+                .await
+                .unwrap();
+            let mut legacy_first = legacy_attempt_row(&format!("evt_old_{run}"), &endpoint, 1);
+            let mut rows = vec![];
+            for (row, at) in [(&mut first, 1), (&mut legacy_first, 2)] {
+                row.started_at = t0 + Duration::from_secs(at);
+                row.status = Some(503);
+                row.outcome = AttemptOutcome::RetryScheduled {
+                    next_attempt_at: row.started_at + Duration::from_secs(60),
+                };
+                let mut retry = row.clone();
+                retry.attempt = 2;
+                retry.started_at += Duration::from_secs(61);
+                retry.status = Some(200);
+                retry.outcome = AttemptOutcome::Succeeded;
+                rows.extend([row.clone(), retry]);
+            }
+            for row in &rows {
+                store.record_attempt(row).await.unwrap();
+            }
+            let ks = &c.config.keyspace;
+            let mut entries = 0;
+            for bucket in [t0, t0 + Duration::from_secs(60)] {
+                entries += c
+                    .session
+                    .query_unpaged(
+                        format!(
+                            "SELECT delivery_id FROM {ks}.deliveries_by_endpoint_bucket \
+                             WHERE endpoint_id = ? AND bucket = ?"
+                        ),
+                        (endpoint.as_str(), CqlTimestamp(row_bucket(bucket))),
+                    )
+                    .await
+                    .unwrap()
+                    .into_rows_result()
+                    .unwrap()
+                    .rows_num();
+            }
+            assert_eq!(
+                entries, 3,
+                "one entry for the recorded delivery, one per attempt for the older one"
+            );
+            let page = store
+                .endpoint_deliveries(
+                    &ep,
+                    &HistoryQuery {
+                        limit: 10,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
+            let listed: Vec<_> = page
+                .items
+                .iter()
+                .map(|s| (s.delivery_id.clone(), s.created_at, s.attempts))
+                .collect();
+            assert_eq!(
+                listed,
+                [
+                    (legacy_first.delivery_id.clone(), legacy_first.started_at, 2),
+                    (first.delivery_id.clone(), t0, 2),
+                ],
+                "each listed once, newest first, at its creation or first attempt"
+            );
+        })
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_and_full_bodies_round_trip() {
     cql()
@@ -756,7 +857,7 @@ async fn history_paging_is_stable_while_other_tasks_insert() {
             let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
             let mut rows = vec![];
             for i in 0..60u64 {
-                let mut row = attempt_row(&format!("evt_h{i}_{endpoint}"), &endpoint, 1);
+                let mut row = legacy_attempt_row(&format!("evt_h{i}_{endpoint}"), &endpoint, 1);
                 row.started_at = t0 + Duration::from_secs(i * 3_600);
                 row.outcome = AttemptOutcome::RetryScheduled {
                     next_attempt_at: row.started_at + Duration::from_secs(60),
@@ -777,7 +878,7 @@ async fn history_paging_is_stable_while_other_tasks_insert() {
                 tokio::spawn(async move {
                     for i in 0..40u64 {
                         let mut fresh =
-                            attempt_row(&format!("evt_new{i}_{endpoint}"), &endpoint, 1);
+                            legacy_attempt_row(&format!("evt_new{i}_{endpoint}"), &endpoint, 1);
                         fresh.started_at = t0 + Duration::from_secs(400_000 + i);
                         let mut retry = rows[(i as usize * 7) % rows.len()].clone();
                         retry.attempt = 2;
@@ -847,7 +948,7 @@ async fn index_rows_logged_together_are_durable_and_outlive_dropped_callers() {
             let mut rows = vec![];
             for e in 0..40u64 {
                 for (i, endpoint) in endpoints.iter().enumerate() {
-                    let mut row = attempt_row(&format!("evt_g{e}_{run}"), endpoint, 1);
+                    let mut row = legacy_attempt_row(&format!("evt_g{e}_{run}"), endpoint, 1);
                     row.started_at = t0 + Duration::from_millis(e * 10 + i as u64);
                     rows.push(row);
                 }
@@ -1041,7 +1142,7 @@ async fn history_pages_cross_buckets_in_order() {
             }
             let mut rows = vec![];
             for (i, started_at) in starts.iter().enumerate() {
-                let mut row = attempt_row(&format!("evt_b{i}_{endpoint}"), &endpoint, 1);
+                let mut row = legacy_attempt_row(&format!("evt_b{i}_{endpoint}"), &endpoint, 1);
                 row.started_at = *started_at;
                 if i % 4 == 0 {
                     row = dead_lettered(row, 404, DeadReason::HttpStatus);

@@ -99,6 +99,22 @@ pub fn attempt_row(event: &str, endpoint: &str, attempt: u32) -> AttemptRow {
     }
 }
 
+/// The id of (`event`, `endpoint`)'s delivery had it been fanned out before version 7 of the
+/// CQL schema: it does not begin with its event's key, and no recorded event lists it, so its
+/// endpoint's history lists it by its attempts and notes, at its earliest.
+pub fn legacy_delivery_id(event: &str, endpoint: &str) -> DeliveryId {
+    let name = format!("{event}\0{endpoint}");
+    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes());
+    DeliveryId::parse(format!("dlv_{}", id.simple())).expect("valid id")
+}
+
+/// [`attempt_row`] of a delivery fanned out before version 7 ([`legacy_delivery_id`]).
+pub fn legacy_attempt_row(event: &str, endpoint: &str, attempt: u32) -> AttemptRow {
+    let mut row = attempt_row(event, endpoint, attempt);
+    row.delivery_id = legacy_delivery_id(event, endpoint);
+    row
+}
+
 /// A name no other run of the suite uses.
 pub(super) fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
@@ -184,7 +200,11 @@ async fn attempts_round_trip<S: DeliveryStore + ?Sized>(store: &S) {
 
 /// The first attempt of a delivery, started at `t0`, answered 503 and retried 5 s later.
 fn answered_503(event: &str, endpoint: &str, t0: SystemTime) -> AttemptRow {
-    let mut row = attempt_row(event, endpoint, 1);
+    answered_503_to(attempt_row(event, endpoint, 1), t0)
+}
+
+/// `row` as the first attempt, started at `t0`, answered 503 and retried 5 s later.
+fn answered_503_to(mut row: AttemptRow, t0: SystemTime) -> AttemptRow {
     row.started_at = t0;
     row.status = Some(503);
     row.error_class = Some(ErrorClass::HttpStatus);
@@ -240,16 +260,16 @@ async fn state_follows_attempts<S: DeliveryStore + ?Sized>(store: &S) {
 }
 
 /// After a crash an older attempt may be logged after a newer one: it counts, and moves the
-/// first attempt back, but the newest attempt keeps setting the status; the history lists the
-/// delivery at its first attempt.
+/// first attempt back, but the newest attempt keeps setting the status; the history lists a
+/// delivery without a recorded event at its first attempt.
 async fn late_attempts_keep_the_newest_state<S: DeliveryStore + ?Sized>(store: &S) {
     let event = unique("evt");
     let endpoint = unique("ep");
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-    let mut newer = attempt_row(&event, &endpoint, 2);
+    let mut newer = legacy_attempt_row(&event, &endpoint, 2);
     newer.started_at = t0 + Duration::from_secs(6);
     store.record_attempt(&newer).await.unwrap();
-    let older = answered_503(&event, &endpoint, t0);
+    let older = answered_503_to(legacy_attempt_row(&event, &endpoint, 1), t0);
     store.record_attempt(&older).await.unwrap();
     let s = store
         .delivery(&newer.delivery_id)
@@ -285,7 +305,7 @@ async fn history_pages_newest_first_and_stable_under_inserts<S: DeliveryStore + 
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     let mut events = vec![];
     for i in 0..25u64 {
-        let mut row = attempt_row(&unique("evt"), &endpoint, 1);
+        let mut row = legacy_attempt_row(&unique("evt"), &endpoint, 1);
         row.started_at = t0 + Duration::from_secs(i);
         events.push(row.event_id.clone());
         store.record_attempt(&row).await.unwrap();
@@ -300,7 +320,7 @@ async fn history_pages_newest_first_and_stable_under_inserts<S: DeliveryStore + 
     assert_eq!(first.items[0].event_id, events[24], "newest first");
     // Newer deliveries arriving between pages must not shift or repeat what follows.
     for i in 0..5u64 {
-        let mut row = attempt_row(&unique("evt"), &endpoint, 1);
+        let mut row = legacy_attempt_row(&unique("evt"), &endpoint, 1);
         row.started_at = t0 + Duration::from_secs(100 + i);
         store.record_attempt(&row).await.unwrap();
     }
@@ -340,7 +360,7 @@ async fn history_filters<S: DeliveryStore + ?Sized>(store: &S) {
     let endpoint = unique("ep");
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     for i in 0..6u64 {
-        let mut row = attempt_row(&unique("evt"), &endpoint, 1);
+        let mut row = legacy_attempt_row(&unique("evt"), &endpoint, 1);
         row.started_at = t0 + Duration::from_secs(i * 60);
         if i % 2 == 1 {
             row.status = Some(404);

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{attempt_row, unique};
+use super::{attempt_row, legacy_delivery_id, unique};
 use crate::dead_reason::DeadReason;
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
 use crate::park_reason::ParkReason;
@@ -259,8 +259,33 @@ async fn a_parked_delivery_is_scheduled_with_its_reason<S: DeliveryStore + ?Size
 async fn a_dead_note_without_attempts_is_dead_with_its_reason<S: DeliveryStore + ?Sized>(
     store: &S,
 ) {
-    // Dead-lettered from a record fanned out before the store recorded events (or before the
-    // fan-out recorded its event): the note alone makes the delivery.
+    // Dead-lettered from a record fanned out before the store recorded events: the note alone
+    // makes the delivery, listed at the note.
+    let (event, endpoint) = (unique("evt"), unique("ep"));
+    let mut gone = note(
+        &event,
+        &endpoint,
+        at(500),
+        dead(DeadReason::EndpointDisabled),
+    );
+    gone.delivery_id = legacy_delivery_id(&event, &endpoint);
+    store.record_note(&gone).await.unwrap();
+    let s = store
+        .delivery(&gone.delivery_id)
+        .await
+        .unwrap()
+        .expect("a state from the note alone");
+    assert_eq!(s.status, DeliveryStatus::Dead);
+    assert_eq!(s.dead_reason, Some(DeadReason::EndpointDisabled));
+    assert_eq!(s.attempts, 0);
+    assert_eq!((s.first_attempt_at, s.last_attempt_at), (None, None));
+    assert_eq!((s.created_at, s.updated_at), (at(500), at(500)));
+    assert_eq!(s.scheduled, None);
+    let dead_listed = history(store, &endpoint, Some(DeliveryStatus::Dead)).await;
+    assert_eq!(dead_listed, [s], "listed with the dead letters");
+
+    // Dead-lettered before the fan-out recorded its event (the delivery stage can be quicker):
+    // dead at once, and listed at its creation once the event is recorded.
     let (event, endpoint) = (unique("evt"), unique("ep"));
     let gone = note(
         &event,
@@ -270,14 +295,16 @@ async fn a_dead_note_without_attempts_is_dead_with_its_reason<S: DeliveryStore +
     );
     store.record_note(&gone).await.unwrap();
     let s = state(store, &event, &endpoint).await;
+    assert_eq!((s.status, s.attempts), (DeliveryStatus::Dead, 0));
+    store
+        .record_event(&one_endpoint(&event, &endpoint, at(0)))
+        .await
+        .unwrap();
+    let s = state(store, &event, &endpoint).await;
     assert_eq!(s.status, DeliveryStatus::Dead);
-    assert_eq!(s.dead_reason, Some(DeadReason::EndpointDisabled));
-    assert_eq!(s.attempts, 0);
-    assert_eq!((s.first_attempt_at, s.last_attempt_at), (None, None));
-    assert_eq!((s.created_at, s.updated_at), (at(500), at(500)));
-    assert_eq!(s.scheduled, None);
+    assert_eq!((s.created_at, s.updated_at), (at(0), at(500)));
     let dead_listed = history(store, &endpoint, Some(DeliveryStatus::Dead)).await;
-    assert_eq!(dead_listed, [s], "listed with the dead letters");
+    assert_eq!(dead_listed, [s], "listed at its creation");
 }
 
 async fn the_latest_entry_wins_in_any_write_order<S: DeliveryStore + ?Sized>(store: &S) {

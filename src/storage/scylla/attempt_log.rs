@@ -1,8 +1,9 @@
 //! Logging an attempt: its row in the delivery's log and the index rows that find it.
 //!
-//! One attempt is 2 to 5 rows written concurrently: the attempt row, the history entry, the
-//! dead letter when the attempt dead-lettered, and the endpoint's bucket-index rows for the
-//! entry's and the dead letter's bucket when this process has not written them yet
+//! One attempt is 1 to 5 rows written concurrently: the attempt row, the dead letter when the
+//! attempt dead-lettered, a history entry only for a delivery fanned out before version 7
+//! (every other delivery's entry was written with its event), and the endpoint's bucket-index
+//! rows for those when this process has not written them yet
 //! ([`entry_index`](super::entry_index)). [`ScyllaStore::log_attempt`] returns `Ok` only when
 //! all are durable. The attempt row is a plain write; the index rows go through the group
 //! commit. Every write is a blind, idempotent insert, so the pipeline can simply retry a
@@ -13,7 +14,7 @@ use scylla::SerializeRow;
 use scylla::value::CqlTimestamp;
 
 use super::ScyllaStore;
-use super::entry_index::DeadLetterRow;
+use super::entry_index::{DeadLetterRow, Entry};
 use super::row::{self, attempt_col, bucket_of, status_col, to_cql};
 use crate::attempt::ErrorClass;
 use crate::storage::{AttemptOutcome, AttemptRow, StoreError};
@@ -73,8 +74,9 @@ impl<'a> AttemptValues<'a> {
 }
 
 impl ScyllaStore {
-    /// Writes `row`, its history entry, its dead letter (when it dead-lettered) and the
-    /// bucket-index rows not written yet, concurrently; `Ok` once all are durable.
+    /// Writes `row`, its dead letter (when it dead-lettered), its history entry (a delivery
+    /// fanned out before version 7) and the bucket-index rows not written yet, concurrently;
+    /// `Ok` once all are durable.
     pub(super) async fn log_attempt(&self, row: &AttemptRow) -> Result<(), StoreError> {
         let started = to_cql(row.started_at);
         let attempt = attempt_col(row.attempt)?;
@@ -98,7 +100,8 @@ impl ScyllaStore {
             &self.st.attempt.insert_attempt,
             AttemptValues::new(row, started, attempt, self.attempt_ttl),
         );
-        let index = self.index_entry(&row.endpoint_id, &row.delivery_id, started, dead);
+        let entry = Entry::of_log(&row.delivery_id, &row.event_id);
+        let index = self.index_entry(&row.endpoint_id, &row.delivery_id, started, entry, dead);
         tokio::try_join!(attempt_row, index)?;
         Ok(())
     }

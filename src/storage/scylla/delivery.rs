@@ -63,6 +63,8 @@ struct KeyCols {
     endpoint_id: String,
     event_type: Option<String>,
     received_at: Option<CqlTimestamp>,
+    /// The endpoints the event went to (its own row, since version 8).
+    endpoints: Option<Vec<String>>,
 }
 
 /// The columns of a log row that delivery state is derived from (no body).
@@ -261,7 +263,8 @@ fn with_creation(
 
 /// The creations that `rows` (of one event key) record for the deliveries `keep` accepts (by
 /// event and delivery id), each as an entry at its event's `received_at`; `what` names the
-/// rows in a corruption error.
+/// rows in a corruption error. An event's endpoints are listed in its own row (endpoint '')
+/// and, when version 7 wrote it, in a row per endpoint after it.
 fn creations(
     rows: &[KeyCols],
     what: &str,
@@ -272,21 +275,13 @@ fn creations(
     // Rows come by (event_id, tenant, endpoint_id): each event and tenant's own row (endpoint
     // '') before its endpoints' rows.
     let mut head: Option<&KeyCols> = None;
-    for row in rows {
-        if row.endpoint_id.is_empty() {
-            head = Some(row);
-            continue;
-        }
-        let event = EventId::parse(row.event_id.as_str()).map_err(|_| bad())?;
-        let endpoint = EndpointId::parse(row.endpoint_id.as_str()).map_err(|_| bad())?;
+    let mut created = |head: &KeyCols, endpoint: &str| -> Result<(), StoreError> {
+        let event = EventId::parse(head.event_id.as_str()).map_err(|_| bad())?;
+        let endpoint = EndpointId::parse(endpoint).map_err(|_| bad())?;
         let delivery_id = DeliveryId::derive(&event, &endpoint);
         if !keep(&event, &delivery_id) {
-            continue;
+            return Ok(());
         }
-        let Some(head) = head.filter(|h| h.event_id == row.event_id && h.tenant == row.tenant)
-        else {
-            return Err(bad());
-        };
         let identity = Identity {
             delivery_id,
             event_id: event,
@@ -296,6 +291,29 @@ fn creations(
         };
         let at = from_cql(head.received_at.ok_or_else(bad)?);
         found.push((identity, Entry::created(at)));
+        Ok(())
+    };
+    for row in rows {
+        if row.endpoint_id.is_empty() {
+            head = Some(row);
+            for endpoint in row.endpoints.iter().flatten() {
+                created(row, endpoint)?;
+            }
+            continue;
+        }
+        let Some(head) = head.filter(|h| h.event_id == row.event_id && h.tenant == row.tenant)
+        else {
+            return Err(bad());
+        };
+        // An event recorded again by version 8 lists version 7's endpoint rows in its own.
+        if !head
+            .endpoints
+            .iter()
+            .flatten()
+            .any(|e| *e == row.endpoint_id)
+        {
+            created(head, &row.endpoint_id)?;
+        }
     }
     Ok(found)
 }

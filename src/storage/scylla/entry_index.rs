@@ -3,14 +3,17 @@
 //! rows for both when this process has not written them yet
 //! ([`bucket_index`](super::bucket_index)).
 //!
-//! Every entry (creation, attempt, note) gets a history entry at its time; the history reader
-//! keeps the one at the delivery's creation time and skips the others. Writing each keeps the
-//! writers blind, and the entry at the creation time exists whatever order entries are written
-//! in, for deliveries fanned out before creations were recorded too. History entries, dead
-//! letters and a tenant's event index rows go through [`group_commit`](super::group_commit):
-//! rows of one partition (an endpoint's or a tenant's minute) that arrive while a write to it
-//! is in flight go together as one single-partition unlogged batch, one mutation on the
-//! server, so under load an index row costs a fraction of a write.
+//! A delivery has one history entry, at its creation: the fan-out writes it with the event
+//! ([`event_log`](super::event_log)). A delivery whose id does not begin with its event's key
+//! was fanned out before version 7 recorded events; each of its attempts and notes writes an
+//! entry at its own time, and the history reader keeps the one at the delivery's creation time
+//! (its earliest entry) and skips the others, whatever order they were written in.
+//!
+//! History entries, dead letters and a tenant's event index rows go through
+//! [`group_commit`](super::group_commit): rows of one partition (an endpoint's or a tenant's
+//! minute) that arrive while a write to it is in flight go together as one single-partition
+//! unlogged batch, one mutation on the server, so under load an index row costs a fraction of
+//! a write.
 
 use std::sync::Arc;
 
@@ -30,7 +33,7 @@ use super::event_log::TenantEventRow;
 use super::group_commit::{BatchWrite, GroupCommit, PartitionRow};
 use super::row::{BucketKind, bucket_of};
 use super::statement::Statements;
-use crate::id::{DeliveryId, EndpointId};
+use crate::id::{DeliveryId, EndpointId, EventId};
 use crate::storage::StoreError;
 
 /// Bytes of write time and TTL the server counts per cell (and per row's liveness) when it
@@ -140,33 +143,75 @@ impl IndexCommits {
     }
 }
 
+/// Whether the fan-out wrote `delivery`'s history entry when it recorded `event`: the id
+/// begins with the event's key ([`DeliveryId::event_key`]), as every id derived since
+/// version 7 does.
+pub(super) fn indexed_at_creation(delivery: &DeliveryId, event: &EventId) -> bool {
+    delivery.event_key() == Some(event.key())
+}
+
+/// Which index rows a log entry writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Entry {
+    /// A history entry at the entry's time: a creation, or an attempt or note of a delivery
+    /// not [`indexed_at_creation`].
+    Listed,
+    /// No history entry: the delivery's creation has it.
+    Unlisted,
+}
+
+impl Entry {
+    /// The index rows of an attempt's or note's entry for `delivery` of `event`.
+    pub(super) fn of_log(delivery: &DeliveryId, event: &EventId) -> Entry {
+        if indexed_at_creation(delivery, event) {
+            Entry::Unlisted
+        } else {
+            Entry::Listed
+        }
+    }
+}
+
 impl ScyllaStore {
-    /// Writes the history entry at `at` of a log entry of `delivery` to `endpoint`, `dead`
-    /// (its dead letter, when the entry dead-lettered the delivery), and the bucket-index rows
-    /// this process has not written yet, concurrently; `Ok` once all are durable.
+    /// Writes the history entry at `at` of a log entry of `delivery` to `endpoint` (when
+    /// `entry` is [`Entry::Listed`]), `dead` (its dead letter, when the entry dead-lettered
+    /// the delivery), and the bucket-index rows this process has not written yet,
+    /// concurrently; `Ok` once all are durable.
     pub(super) async fn index_entry(
         &self,
         endpoint: &EndpointId,
         delivery: &DeliveryId,
         at: CqlTimestamp,
+        entry: Entry,
         dead: Option<DeadLetterRow>,
     ) -> Result<(), StoreError> {
         let bucket = bucket_of(at);
         let now = Instant::now();
+        let listed = entry == Entry::Listed;
         // The history entry's bucket, and the dead letter's (same bucket, other kind).
         let index_kinds: Vec<(EndpointId, BucketKind)> = [BucketKind::History, BucketKind::Dead]
             .into_iter()
-            .filter(|&kind| kind == BucketKind::History || dead.is_some())
+            .filter(|&kind| match kind {
+                BucketKind::History => listed,
+                BucketKind::Dead => dead.is_some(),
+            })
             .map(|kind| (endpoint.clone(), kind))
             .filter(|owner| self.buckets_written.needs_write(owner, bucket, now))
             .collect();
-        let history = self.index.history.write(HistoryRow {
-            endpoint_id: endpoint.as_str().to_owned(),
-            bucket,
-            at,
-            delivery_id: delivery.as_str().to_owned(),
-            ttl: self.attempt_ttl,
-        });
+        let history = async {
+            if !listed {
+                return Ok(());
+            }
+            self.index
+                .history
+                .write(HistoryRow {
+                    endpoint_id: endpoint.as_str().to_owned(),
+                    bucket,
+                    at,
+                    delivery_id: delivery.as_str().to_owned(),
+                    ttl: self.attempt_ttl,
+                })
+                .await
+        };
         let bucket_index = futures::future::try_join_all(index_kinds.iter().map(|(_, kind)| {
             self.write(
                 &self.st.bucket.insert_bucket,

@@ -1,24 +1,21 @@
 //! Recording an event the fan-out produced: the event and its endpoints, their deliveries'
 //! history entries, and the tenant's event index.
 //!
-//! Per event: its `events` partition (the event's own row and one row per endpoint) as one
-//! single-partition unlogged batch, one mutation, which is also where each delivery's creation
-//! is read (under the event key its id begins with); per delivery a history entry through the
-//! group commit ([`entry_index`](super::entry_index)); per event a row in the tenant's events
-//! index,
-//! group committed too; bucket-index rows once per bucket and process. All written
-//! concurrently; [`ScyllaStore::log_event`] returns `Ok` once all are durable. Every write is
-//! a blind insert of values the event determines, so recording an event again (a fan-out
-//! repeated after a crash) writes the same rows.
+//! Per event: one row of its `events` partition (the event, with the endpoints it went to as
+//! one frozen list), where each delivery's creation is read too (under the event key its id
+//! begins with); per delivery a history entry through the group commit
+//! ([`entry_index`](super::entry_index)), the only one the delivery gets; per event a row in
+//! the tenant's events index, group committed too; bucket-index rows once per bucket and
+//! process. All written concurrently; [`ScyllaStore::log_event`] returns `Ok` once all are
+//! durable. Every write is a blind insert of values the event determines, so recording an event
+//! again (a fan-out repeated after a crash) writes the same rows.
 
 use scylla::SerializeRow;
-use scylla::statement::batch::{Batch, BatchStatement, BatchType};
-use scylla::value::{CqlTimestamp, MaybeUnset};
+use scylla::value::CqlTimestamp;
 use tokio::time::Instant;
 
 use super::ScyllaStore;
-use super::entry_index::CELL_OVERHEAD;
-use super::error::exec_error;
+use super::entry_index::{CELL_OVERHEAD, Entry};
 use super::group_commit::PartitionRow;
 use super::row::{bucket_of, to_cql};
 use crate::id::DeliveryId;
@@ -45,19 +42,18 @@ impl PartitionRow for TenantEventRow {
     }
 }
 
-/// A row of an event's `events` partition: the event's own row (endpoint '', every column
-/// set), or an endpoint's (the event's columns left unset, so they are not written again).
+/// An event's own row of its `events` partition, with the endpoints it went to.
 #[derive(SerializeRow)]
 struct EventValues<'a> {
     event_key: i64,
     event_id: &'a str,
     tenant: &'a str,
-    endpoint_id: &'a str,
-    event_type: MaybeUnset<&'a str>,
-    occurred_at: MaybeUnset<CqlTimestamp>,
-    received_at: MaybeUnset<CqlTimestamp>,
-    body: MaybeUnset<&'a [u8]>,
-    fingerprint: MaybeUnset<&'a str>,
+    event_type: &'a str,
+    occurred_at: CqlTimestamp,
+    received_at: CqlTimestamp,
+    body: &'a [u8],
+    fingerprint: &'a str,
+    endpoints: Vec<&'a str>,
     ttl: i32,
 }
 
@@ -68,7 +64,10 @@ impl ScyllaStore {
         let bucket = bucket_of(received);
         let deliveries = futures::future::try_join_all(event.endpoints.iter().map(|endpoint| {
             let id = DeliveryId::derive(&event.event_id, endpoint);
-            async move { self.index_entry(endpoint, &id, received, None).await }
+            async move {
+                self.index_entry(endpoint, &id, received, Entry::Listed, None)
+                    .await
+            }
         }));
         let tenant_index = self.index.tenant_events.write(TenantEventRow {
             tenant: event.tenant.as_str().to_owned(),
@@ -105,53 +104,24 @@ impl ScyllaStore {
         Ok(())
     }
 
-    /// The event's `events` partition, as one batch (a lone write without endpoints).
+    /// The event's own row, which lists its endpoints: one single-row write.
     async fn write_event_partition(
         &self,
         event: &EventRow,
         received: CqlTimestamp,
     ) -> Result<(), StoreError> {
-        let event_key = event.event_id.key();
-        let head = EventValues {
-            event_key,
+        let row = EventValues {
+            event_key: event.event_id.key(),
             event_id: event.event_id.as_str(),
             tenant: event.tenant.as_str(),
-            endpoint_id: "",
-            event_type: MaybeUnset::Set(&event.event_type),
-            occurred_at: MaybeUnset::Set(to_cql(event.occurred_at)),
-            received_at: MaybeUnset::Set(received),
-            body: MaybeUnset::Set(&event.body),
-            fingerprint: MaybeUnset::Set(&event.fingerprint),
+            event_type: &event.event_type,
+            occurred_at: to_cql(event.occurred_at),
+            received_at: received,
+            body: &event.body,
+            fingerprint: &event.fingerprint,
+            endpoints: event.endpoints.iter().map(|e| e.as_str()).collect(),
             ttl: self.attempt_ttl,
         };
-        let statement = &self.st.event.insert_event;
-        if event.endpoints.is_empty() {
-            return self.write(statement, head).await;
-        }
-        let rows: Vec<EventValues<'_>> = std::iter::once(head)
-            .chain(event.endpoints.iter().map(|endpoint| EventValues {
-                event_key,
-                event_id: event.event_id.as_str(),
-                tenant: event.tenant.as_str(),
-                endpoint_id: endpoint.as_str(),
-                event_type: MaybeUnset::Unset,
-                occurred_at: MaybeUnset::Unset,
-                received_at: MaybeUnset::Unset,
-                body: MaybeUnset::Unset,
-                fingerprint: MaybeUnset::Unset,
-                ttl: self.attempt_ttl,
-            }))
-            .collect();
-        let mut batch = Batch::new_with_statements(
-            BatchType::Unlogged,
-            vec![BatchStatement::PreparedStatement(statement.clone()); rows.len()],
-        );
-        batch.set_is_idempotent(true);
-        let _permit = self.permit().await?;
-        self.session
-            .batch(&batch, &rows)
-            .await
-            .map(|_| ())
-            .map_err(exec_error)
+        self.write(&self.st.event.insert_event, row).await
     }
 }

@@ -14,11 +14,11 @@ use scylla::value::CqlTimestamp;
 
 use super::bucket_walk::Position;
 use super::delivery::READ_FAN_OUT;
-use super::error::{backend_error, corrupt, pager_error, row_error};
+use super::error::{backend_error, corrupt, exec_error, pager_error, row_error};
 use super::row::{EventKey, bucket_of, from_cql, to_cql};
 use super::{MAX_EVENT_DELIVERIES, MAX_SCANNED, ScyllaStore};
 use crate::id::{EndpointId, EventId, Tenant};
-use crate::storage::{EventQuery, EventRow, MAX_PAGE, Page, StoreError};
+use crate::storage::{EventMark, EventQuery, EventRow, MAX_PAGE, Page, StoreError};
 
 /// A row of one tenant's part of an event's `events` partition.
 #[derive(DeserializeRow)]
@@ -29,10 +29,13 @@ struct EventCols {
     received_at: Option<CqlTimestamp>,
     body: Option<Vec<u8>>,
     fingerprint: Option<String>,
+    /// The endpoints the event went to, on its own row (since version 8).
+    endpoints: Option<Vec<String>>,
 }
 
 impl ScyllaStore {
-    /// `tenant`'s event `id`: its own row and its endpoints' rows; `None` without its own row.
+    /// `tenant`'s event `id`: its own row, with the endpoints it lists and those of the
+    /// endpoint rows version 7 wrote; `None` without its own row.
     pub(super) async fn read_event(
         &self,
         tenant: &Tenant,
@@ -55,12 +58,21 @@ impl ScyllaStore {
         while let Some(cols) = rows.next().await {
             let cols = cols.map_err(row_error)?;
             if !cols.endpoint_id.is_empty() {
-                endpoints.push(EndpointId::parse(cols.endpoint_id).map_err(|_| bad())?);
-                if endpoints.len() == MAX_EVENT_DELIVERIES {
+                // Version 7's row of an endpoint; an event recorded again by version 8 lists
+                // it in its own row too.
+                let endpoint = EndpointId::parse(cols.endpoint_id).map_err(|_| bad())?;
+                if !endpoints.contains(&endpoint) {
+                    endpoints.push(endpoint);
+                }
+                if endpoints.len() >= MAX_EVENT_DELIVERIES {
                     break;
                 }
                 continue;
             }
+            for endpoint in cols.endpoints.into_iter().flatten() {
+                endpoints.push(EndpointId::parse(endpoint).map_err(|_| bad())?);
+            }
+            endpoints.truncate(MAX_EVENT_DELIVERIES);
             head = Some(EventRow {
                 tenant: tenant.clone(),
                 event_id: id.clone(),
@@ -74,6 +86,35 @@ impl ScyllaStore {
             });
         }
         Ok(head.map(|event| EventRow { endpoints, ..event }))
+    }
+
+    /// `tenant`'s event `id`'s fingerprint and time of receipt, one row's two cells.
+    pub(super) async fn read_event_mark(
+        &self,
+        tenant: &Tenant,
+        id: &EventId,
+    ) -> Result<Option<EventMark>, StoreError> {
+        let _permit = self.permit().await?;
+        let row = self
+            .session
+            .execute_unpaged(
+                &self.st.event.select_event_mark,
+                (id.key(), id.as_str(), tenant.as_str()),
+            )
+            .await
+            .map_err(exec_error)?
+            .into_rows_result()
+            .map_err(backend_error)?
+            .maybe_first_row::<(Option<String>, Option<CqlTimestamp>)>()
+            .map_err(backend_error)?;
+        let Some((fingerprint, received_at)) = row else {
+            return Ok(None);
+        };
+        let received_at = received_at.ok_or_else(|| corrupt("event", id.as_str()))?;
+        Ok(Some(EventMark {
+            fingerprint: fingerprint.unwrap_or_default(),
+            received_at: from_cql(received_at),
+        }))
     }
 
     /// A page of `tenant`'s events, newest first, as `query` asks.

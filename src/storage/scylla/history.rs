@@ -1,10 +1,12 @@
 //! An endpoint's delivery history, a page at a time.
 //!
-//! A history entry is written for every attempt; the page lists deliveries. So each entry is
+//! A delivery's history entry is written with its event at fan-out; a delivery fanned out
+//! before version 7 has one per attempt instead. The page lists deliveries, so each entry is
 //! checked against its delivery's state (one point read per distinct delivery on the page) and
-//! kept only if it is the delivery's first attempt; `status` is filtered the same way,
-//! client-side. A page reads at most [`MAX_SCANNED`] entries: a rare status over a long
-//! history may come back short, with a cursor to continue from.
+//! kept only if it is at the delivery's creation (its first attempt, for the older ones);
+//! `status` is filtered the same way, client-side. A page reads at most [`MAX_SCANNED`]
+//! entries: a rare status over a long history may come back short, with a cursor to continue
+//! from.
 
 use std::collections::HashMap;
 
@@ -118,7 +120,7 @@ struct HistoryScan<'q> {
 
 impl HistoryScan<'_> {
     /// Resolves the batch of history entries against delivery state, appending the entries
-    /// that are their delivery's first attempt (and match the status filter) to `found`.
+    /// that are at their delivery's creation (and match the status filter) to `found`.
     async fn resolve(&mut self, store: &ScyllaStore) -> Result<(), StoreError> {
         let HistoryScan {
             endpoint,

@@ -70,10 +70,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "every_delivery",
         cql: include_str!("../../../schemas/cql/007_every_delivery.cql"),
     },
+    Migration {
+        version: 8,
+        name: "event_endpoints",
+        cql: include_str!("../../../schemas/cql/008_event_endpoints.cql"),
+    },
 ];
 
 /// The newest schema version this binary knows (and needs).
-pub const LATEST_VERSION: u32 = 7;
+pub const LATEST_VERSION: u32 = 8;
 
 /// A version recorded in `schema_migrations`.
 #[derive(Debug, Clone, PartialEq, Eq)]

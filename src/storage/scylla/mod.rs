@@ -79,8 +79,8 @@ pub use session::{connect_session, connect_session_with, tls_context};
 use statement::Statements;
 
 use super::{
-    AttemptRow, DeliveryNote, DeliveryState, DeliveryStore, EventQuery, EventRow, HistoryQuery,
-    Page, ReplayAudit, ReplayMark, StoreError,
+    AttemptRow, DeliveryNote, DeliveryState, DeliveryStore, EventMark, EventQuery, EventRow,
+    HistoryQuery, Page, ReplayAudit, ReplayMark, StoreError,
 };
 use crate::id::{DeliveryId, EndpointId, EventId, Tenant};
 
@@ -158,6 +158,14 @@ impl DeliveryStore for ScyllaStore {
 
     async fn event(&self, tenant: &Tenant, id: &EventId) -> Result<Option<EventRow>, StoreError> {
         self.read_event(tenant, id).await
+    }
+
+    async fn event_mark(
+        &self,
+        tenant: &Tenant,
+        id: &EventId,
+    ) -> Result<Option<EventMark>, StoreError> {
+        self.read_event_mark(tenant, id).await
     }
 
     async fn events(

@@ -1,14 +1,14 @@
 //! Recording a note: a change of a delivery's state that no attempt made (parked in a delay
-//! tier, dead-lettered unsent), as a row of the delivery's log (attempt 0), with its history
-//! entry and, for a dead note, its dead letter, as a dead attempt has
-//! ([`entry_index`](super::entry_index)): DLQ listings and endpoint replays see deliveries
-//! dead-lettered without an attempt too.
+//! tier, dead-lettered unsent), as a row of the delivery's log (attempt 0), with, for a dead
+//! note, its dead letter, as a dead attempt has ([`entry_index`](super::entry_index)): DLQ
+//! listings and endpoint replays see deliveries dead-lettered without an attempt too. Like an
+//! attempt, a note writes a history entry only for a delivery fanned out before version 7.
 
 use scylla::SerializeRow;
 use scylla::value::CqlTimestamp;
 
 use super::ScyllaStore;
-use super::entry_index::DeadLetterRow;
+use super::entry_index::{DeadLetterRow, Entry};
 use super::row::{bucket_of, to_cql};
 use crate::storage::{DeliveryNote, NoteKind, StoreError};
 
@@ -43,8 +43,9 @@ struct NoteValues<'a> {
 }
 
 impl ScyllaStore {
-    /// Writes `note`'s row, its history entry, its dead letter (a dead note) and the
-    /// bucket-index rows not written yet, concurrently; `Ok` once all are durable.
+    /// Writes `note`'s row, its dead letter (a dead note), its history entry (a delivery
+    /// fanned out before version 7) and the bucket-index rows not written yet, concurrently;
+    /// `Ok` once all are durable.
     pub(super) async fn log_note(&self, note: &DeliveryNote) -> Result<(), StoreError> {
         let at = to_cql(note.at);
         let (kind, park_reason, next_attempt_at, dead_reason) = match note.kind {
@@ -91,7 +92,8 @@ impl ScyllaStore {
                 dead_reason,
             },
         );
-        let index = self.index_entry(&note.endpoint_id, &note.delivery_id, at, dead);
+        let entry = Entry::of_log(&note.delivery_id, &note.event_id);
+        let index = self.index_entry(&note.endpoint_id, &note.delivery_id, at, entry, dead);
         tokio::try_join!(row, index)?;
         Ok(())
     }

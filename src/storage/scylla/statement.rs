@@ -142,14 +142,16 @@ impl AttemptStatements {
 /// Statements on `events`, `events_by_tenant_bucket` and the `tenant_event_buckets` index that
 /// lists a tenant's non-empty buckets.
 pub(super) struct EventStatements {
-    /// An event's own row (endpoint_id ''), or its row for one endpoint it went to (the
-    /// event's columns unset).
+    /// An event's own row (endpoint_id '', with the endpoints it went to).
     pub(super) insert_event: PreparedStatement,
     /// One tenant's rows of an event.
     pub(super) select_event: PreparedStatement,
     /// Every row filed under one event key (one event's, bar a digest collision): where
     /// deliveries' creations and an event's deliveries are read.
     pub(super) select_key_rows: PreparedStatement,
+    /// An event's fingerprint and time of receipt, from its own row alone: what tells a
+    /// repeat from a reused id.
+    pub(super) select_event_mark: PreparedStatement,
     pub(super) insert_tenant_event: PreparedStatement,
     pub(super) insert_tenant_bucket: PreparedStatement,
     /// A tenant's buckets in a range, [`BUCKET_LIST_PAGE`] per page.
@@ -172,21 +174,28 @@ impl EventStatements {
             insert_event: p
                 .plain(format!(
                     "INSERT INTO {ks}.events (event_key, event_id, tenant, endpoint_id, \
-                     event_type, occurred_at, received_at, body, fingerprint) VALUES \
-                     (:event_key, :event_id, :tenant, :endpoint_id, :event_type, :occurred_at, \
-                     :received_at, :body, :fingerprint) USING TTL :ttl"
+                     event_type, occurred_at, received_at, body, fingerprint, endpoints) VALUES \
+                     (:event_key, :event_id, :tenant, '', :event_type, :occurred_at, \
+                     :received_at, :body, :fingerprint, :endpoints) USING TTL :ttl"
                 ))
                 .await?,
             select_event: p
                 .plain(format!(
                     "SELECT endpoint_id, event_type, occurred_at, received_at, body, \
-                     fingerprint FROM {ks}.events WHERE event_key = ? AND event_id = ? AND tenant = ?"
+                     fingerprint, endpoints FROM {ks}.events WHERE event_key = ? AND \
+                     event_id = ? AND tenant = ?"
                 ))
                 .await?,
             select_key_rows: p
                 .plain(format!(
-                    "SELECT event_id, tenant, endpoint_id, event_type, received_at FROM \
-                     {ks}.events WHERE event_key = ?"
+                    "SELECT event_id, tenant, endpoint_id, event_type, received_at, endpoints \
+                     FROM {ks}.events WHERE event_key = ?"
+                ))
+                .await?,
+            select_event_mark: p
+                .plain(format!(
+                    "SELECT fingerprint, received_at FROM {ks}.events WHERE event_key = ? AND \
+                     event_id = ? AND tenant = ? AND endpoint_id = ''"
                 ))
                 .await?,
             insert_tenant_event: p
