@@ -143,27 +143,23 @@ impl IndexCommits {
     }
 }
 
-/// Whether the fan-out wrote `delivery`'s history entry when it recorded `event`: the id
-/// begins with the event's key ([`DeliveryId::event_key`]), as every id derived since
-/// version 7 does.
-pub(super) fn indexed_at_creation(delivery: &DeliveryId, event: &EventId) -> bool {
-    delivery.event_key() == Some(event.key())
-}
-
 /// Which index rows a log entry writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Entry {
     /// A history entry at the entry's time: a creation, or an attempt or note of a delivery
-    /// not [`indexed_at_creation`].
+    /// fanned out before version 7.
     Listed,
     /// No history entry: the delivery's creation has it.
     Unlisted,
 }
 
 impl Entry {
-    /// The index rows of an attempt's or note's entry for `delivery` of `event`.
+    /// The index rows of an attempt's or note's entry for `delivery` of `event`: none when
+    /// the fan-out wrote the delivery's entry as it recorded the event, which it has for every
+    /// id that begins with its event's key ([`DeliveryId::event_key`]), as ids derived since
+    /// version 7 do.
     pub(super) fn of_log(delivery: &DeliveryId, event: &EventId) -> Entry {
-        if indexed_at_creation(delivery, event) {
+        if delivery.event_key() == Some(event.key()) {
             Entry::Unlisted
         } else {
             Entry::Listed

@@ -14,7 +14,7 @@ use scylla::value::CqlTimestamp;
 
 use super::bucket_walk::Position;
 use super::delivery::READ_FAN_OUT;
-use super::error::{backend_error, corrupt, exec_error, pager_error, row_error};
+use super::error::{backend_error, corrupt, pager_error, row_error};
 use super::row::{EventKey, bucket_of, from_cql, to_cql};
 use super::{MAX_EVENT_DELIVERIES, MAX_SCANNED, ScyllaStore};
 use crate::id::{EndpointId, EventId, Tenant};
@@ -94,19 +94,12 @@ impl ScyllaStore {
         tenant: &Tenant,
         id: &EventId,
     ) -> Result<Option<EventMark>, StoreError> {
-        let _permit = self.permit().await?;
-        let row = self
-            .session
-            .execute_unpaged(
+        let row: Option<(Option<String>, Option<CqlTimestamp>)> = self
+            .read_row(
                 &self.st.event.select_event_mark,
                 (id.key(), id.as_str(), tenant.as_str()),
             )
-            .await
-            .map_err(exec_error)?
-            .into_rows_result()
-            .map_err(backend_error)?
-            .maybe_first_row::<(Option<String>, Option<CqlTimestamp>)>()
-            .map_err(backend_error)?;
+            .await?;
         let Some((fingerprint, received_at)) = row else {
             return Ok(None);
         };

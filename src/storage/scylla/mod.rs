@@ -73,7 +73,7 @@ pub use config::{
 pub use dead_letter::{DeadLetter, DeadLetterQuery};
 use entry_index::IndexCommits;
 pub use error::ScyllaError;
-use error::exec_error;
+use error::{backend_error, exec_error};
 use row::BucketKind;
 pub use session::{connect_session, connect_session_with, tls_context};
 use statement::Statements;
@@ -125,6 +125,26 @@ impl ScyllaStore {
             .acquire()
             .await
             .map_err(|_| StoreError::Unavailable("store is shutting down".into()))
+    }
+
+    /// The first row `statement` reads with `values`, under one permit; `None` without any.
+    async fn read_row<R>(
+        &self,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+    ) -> Result<Option<R>, StoreError>
+    where
+        R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm>,
+    {
+        let _permit = self.permit().await?;
+        self.session
+            .execute_unpaged(statement, values)
+            .await
+            .map_err(exec_error)?
+            .into_rows_result()
+            .map_err(backend_error)?
+            .maybe_first_row::<R>()
+            .map_err(backend_error)
     }
 
     /// One plain write under one permit.

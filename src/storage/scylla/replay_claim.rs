@@ -64,16 +64,9 @@ impl ScyllaStore {
         statement: &PreparedStatement,
         id: &DeliveryId,
     ) -> Result<Option<ReplayMark>, StoreError> {
-        let _permit = self.permit().await?;
-        let result = self
-            .session
-            .execute_unpaged(statement, (id.as_str(),))
-            .await
-            .map_err(exec_error)?;
-        let rows = result.into_rows_result().map_err(backend_error)?;
-        let mark = rows
-            .maybe_first_row::<MarkCols>()
-            .map_err(backend_error)?
+        let mark = self
+            .read_row::<MarkCols>(statement, (id.as_str(),))
+            .await?
             .map(|r| ReplayMark {
                 delivery_id: id.clone(),
                 replay_id: r.replay_id,
